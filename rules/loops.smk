@@ -1,0 +1,16 @@
+# Loop verdicts over the texts a cell saved: a threshold change reruns this
+# and the aggregation, never the measurement.
+rule loops:
+    input:
+        cell=f"{RESULTS}/cells/{{server_id}}/{{cell_id}}.json",
+        requests=f"{RESULTS}/cells/{{server_id}}/{{cell_id}}.requests.parquet",
+    output:
+        f"{RESULTS}/loops/{{server_id}}/{{cell_id}}.json",
+    log:
+        f"{RESULTS}/logs/loops/{{server_id}}/{{cell_id}}.log",
+    conda:
+        "../envs/speedmatrix.yaml"
+    params:
+        settings=EXP.loops,
+    script:
+        "../workflow/scripts/loops.py"

@@ -1,0 +1,100 @@
+"""Aggregation: every cell's JSON and loop verdicts into ``matrix.parquet`` and ``requests.parquet``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from . import atomic
+
+MATRIX_COLUMNS = [
+    "experiment", "server_id", "cell_id", "model", "spec_tokens", "workload", "context_tokens", "concurrency",
+    "status", "total_tok_s", "per_request_tok_s", "ttft_ms", "itl_ms", "avg_active_requests",
+    "completed_requests", "output_tokens", "measured_s", "prompt_tok_s", "spec_acceptance_rate",
+    "spec_acceptance_length", "prefix_cache_hit_rate", "loop_fraction", "suspected_fraction",
+    "loop_status_policy", "error", "vllm_version", "runtime_ref",
+    # beyond the contract: what a reader of the matrix needs to trust a number
+    "max_tokens", "duration_s", "failed_requests", "num_requests", "p90_ttft_ms", "p99_ttft_ms",
+    "p90_itl_ms", "p99_itl_ms", "median_chunk_itl_ms", "kv_cache_size_tokens", "needed_kv_tokens",
+    "server_generation_tokens", "preemptions", "spec_decode_per_position_acceptance", "server_start_id",
+    "started_at", "hostname", "slurm_job_id",
+]
+
+
+def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
+    spec = cell["cell"]
+    res = cell["result"]
+    prov = cell["provenance"]
+    srv = cell["server"]
+    return {
+        "experiment": cell["experiment"],
+        "server_id": spec["server_id"],
+        "cell_id": spec["cell_id"],
+        "model": srv["model"],
+        "spec_tokens": srv["spec_tokens"],
+        "workload": spec["workload"],
+        "context_tokens": spec["context_tokens"],
+        "concurrency": spec["concurrency"],
+        "status": loops["cell_status"],
+        "total_tok_s": res.get("output_throughput"),
+        "per_request_tok_s": res.get("per_request_tok_s"),
+        "ttft_ms": res.get("median_ttft_ms"),
+        "itl_ms": res.get("median_tbt_ms"),
+        "avg_active_requests": res.get("avg_active_requests"),
+        "completed_requests": res.get("completed"),
+        "output_tokens": res.get("total_output_tokens"),
+        "measured_s": res.get("measured_s"),
+        "prompt_tok_s": res.get("prompt_tok_s"),
+        "spec_acceptance_rate": res.get("spec_decode_acceptance_rate"),
+        "spec_acceptance_length": res.get("spec_decode_acceptance_length"),
+        "prefix_cache_hit_rate": res.get("prefix_cache_hit_rate"),
+        "loop_fraction": loops.get("loop_fraction"),
+        "suspected_fraction": loops.get("suspected_fraction"),
+        "loop_status_policy": loops.get("policy"),
+        "error": res.get("error"),
+        "vllm_version": prov.get("vllm_version"),
+        "runtime_ref": prov.get("runtime_ref"),
+        "max_tokens": spec["max_tokens"],
+        "duration_s": spec.get("duration_s"),
+        "failed_requests": res.get("failed"),
+        "num_requests": res.get("num_requests"),
+        "p90_ttft_ms": res.get("p90_ttft_ms"),
+        "p99_ttft_ms": res.get("p99_ttft_ms"),
+        "p90_itl_ms": res.get("p90_tbt_ms"),
+        "p99_itl_ms": res.get("p99_tbt_ms"),
+        "median_chunk_itl_ms": res.get("median_itl_ms"),
+        "kv_cache_size_tokens": res.get("kv_cache_size_tokens"),
+        "needed_kv_tokens": res.get("needed_kv_tokens"),
+        "server_generation_tokens": res.get("server_generation_tokens"),
+        "preemptions": res.get("preemptions"),
+        "spec_decode_per_position_acceptance": res.get("spec_decode_per_position_acceptance"),
+        "server_start_id": prov.get("server_start_id"),
+        "started_at": res.get("started_at"),
+        "hostname": prov.get("hostname"),
+        "slurm_job_id": (prov.get("scheduler") or {}).get("SLURM_JOB_ID"),
+    }
+
+
+def build(cells: Iterable[str | Path], loops: Iterable[str | Path], requests: Iterable[str | Path],
+          matrix_out: str | Path, requests_out: str | Path) -> pd.DataFrame:
+    cells, loops, requests = list(cells), list(loops), list(requests)
+    if not (len(cells) == len(loops) == len(requests)):
+        raise ValueError("aggregate needs one loop verdict and one request table per cell")
+    rows, tables = [], []
+    for c_path, l_path, r_path in zip(cells, loops, requests):
+        cell, verdicts = atomic.read_json(c_path), atomic.read_json(l_path)
+        rows.append(matrix_row(cell, verdicts))
+        table = pd.read_parquet(r_path)
+        if len(table):
+            per = pd.DataFrame(verdicts["requests"])
+            if len(per):
+                table = table.merge(per, on="request_index", how="left")
+            tables.append(table)
+    matrix = pd.DataFrame(rows, columns=MATRIX_COLUMNS)
+    matrix = matrix.sort_values(["server_id", "workload", "context_tokens", "concurrency"], kind="stable")
+    matrix.to_parquet(matrix_out, index=False)
+    reqs = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    reqs.to_parquet(requests_out, index=False)
+    return matrix

@@ -1,0 +1,193 @@
+"""One benchmark cell: decide capacity from the live server, measure, write the result once.
+
+A cell writes ``<cell_id>.json`` (figures, server counter deltas, provenance)
+and ``<cell_id>.requests.parquet`` (one row per request, generated text
+included) atomically, and only when the measurement is good. Anything that
+makes the measurement meaningless (the server died, every request failed)
+raises :class:`CellError`: the job fails alone, writes nothing, and the next
+run measures that cell again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from typing import Any, Callable
+
+import aiohttp
+import pandas as pd
+
+from . import __version__, atomic, client, metrics, prompts, stats
+from .experiment import Cell
+
+MAX_FAILED_FRACTION = 0.5
+
+
+class CellError(RuntimeError):
+    pass
+
+
+def needed_kv_tokens(cell: Cell) -> int:
+    """KV tokens the cell needs at once: every request at full context plus its output cap."""
+    return cell.concurrency * (cell.context_tokens + cell.max_tokens)
+
+
+def scheduler_env() -> dict[str, str]:
+    keys = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_NODELIST", "SLURM_STEP_ID")
+    return {k: os.environ[k] for k in keys if k in os.environ}
+
+
+async def _scrape(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    try:
+        async with session.get(f"{url}/metrics", headers=client.auth_headers()) as resp:
+            if resp.status != 200:
+                return {}
+            return metrics.parse(await resp.text())
+    except aiohttp.ClientError:
+        return {}
+
+
+async def measure(
+    cell: Cell,
+    url: str,
+    model: str,
+    client_cfg: dict[str, Any],
+    progress: Callable[[str], None] = print,
+) -> tuple[dict[str, Any], list[client.RequestRecord]]:
+    stall = float(client_cfg.get("stall_timeout_s", 60.0))
+    seed = int(client_cfg.get("seed", 0))
+    ignore_eos = bool(client_cfg.get("ignore_eos", False))
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        before_raw = await _scrape(session, url)
+        kv = metrics.cache_info(before_raw)["kv_cache_size_tokens"] if before_raw else None
+        need = needed_kv_tokens(cell)
+        base: dict[str, Any] = {"kv_cache_size_tokens": kv, "needed_kv_tokens": need}
+        if kv is not None and need > kv:
+            progress(f"over capacity: needs {need} KV tokens, the server has {kv}; not sent")
+            return {**base, "status": "over_capacity"}, []
+        busy = metrics.total(before_raw, "vllm:num_requests_running") if before_raw else None
+        source = await prompts.from_server(session, url, model, seed=seed)
+    salt = f"{cell.server_id}/{cell.id}"
+    t_wall = time.time()
+    if cell.workload == "decode":
+        progress(f"decode: {cell.concurrency} at once for {cell.duration_s:g} s, context {cell.context_tokens}")
+        _, records = await asyncio.wait_for(
+            client.closed_loop(url, model, lambda i: source.prompt(i, cell.context_tokens, salt),
+                               cell.concurrency, cell.duration_s, cell.max_tokens, stall, ignore_eos, progress),
+            timeout=float(client_cfg.get("cell_timeout_s", cell.duration_s + stall + 120)),
+        )
+        figures = stats.decode(records, cell.duration_s)
+    elif cell.workload == "prefill":
+        progress(f"prefill: {cell.repeats} single requests at context {cell.context_tokens}")
+        ps = [source.prompt(i, cell.context_tokens, salt) for i in range(cell.repeats)]
+        records = await client.sequential(url, model, ps, max_tokens=1, stall_timeout_s=stall)
+        figures = stats.prefill(records, cell.context_tokens)
+    else:
+        raise CellError(f"unknown workload {cell.workload!r}")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        after_raw = await _scrape(session, url)
+    counters = metrics.delta(metrics.snapshot(before_raw), metrics.snapshot(after_raw)) if after_raw else {}
+    n = len(records)
+    failed = sum(1 for r in records if r.error)
+    if n == 0:
+        raise CellError("no request was sent")
+    if failed == n or failed / n > MAX_FAILED_FRACTION:
+        kinds = sorted({r.error for r in records if r.error})[:3]
+        raise CellError(f"{failed} of {n} requests failed: {'; '.join(kinds)}")
+    result = {
+        **base,
+        "status": "valid",
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_wall)),
+        "server_running_before": busy,
+        **figures,
+        **counters,
+    }
+    return result, records
+
+
+def request_table(records: list[client.RequestRecord], ident: dict[str, Any]) -> pd.DataFrame:
+    rows = []
+    for r in records:
+        rows.append({
+            **ident,
+            "request_index": r.index,
+            "worker": r.worker,
+            "prompt_tokens": r.prompt_tokens,
+            "start_s": r.start,
+            "ttft_ms": (r.first_token - r.start) * 1000 if r.first_token is not None else None,
+            "end_s": r.end,
+            "output_tokens": r.output_tokens,
+            "chunks": len(r.chunk_times),
+            "finish_reason": r.finish_reason,
+            "cut_at_window_end": r.cut_at_window_end,
+            "error": r.error,
+            "text": r.text,
+        })
+    cols = ["request_index", "worker", "prompt_tokens", "start_s", "ttft_ms", "end_s", "output_tokens", "chunks",
+            "finish_reason", "cut_at_window_end", "error", "text"]
+    return pd.DataFrame(rows, columns=list(ident) + cols)
+
+
+def write(cell_json: str, requests_parquet: str, result: dict[str, Any], records: list[client.RequestRecord],
+          ident: dict[str, Any]) -> None:
+    """Write the per-request table first, the cell JSON last: the JSON marks a finished cell."""
+    table = request_table(records, ident)
+    tmp = f"{requests_parquet}.tmp-{os.getpid()}"
+    table.to_parquet(tmp, index=False)
+    os.replace(tmp, requests_parquet)
+    atomic.write_json(cell_json, result)
+
+
+def provenance(startup: dict[str, Any], runtime_lock: dict[str, Any], launch: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "speedmatrix_version": __version__,
+        "hostname": socket.gethostname(),
+        "server_start_id": startup.get("start_id"),
+        "server_started_at": startup.get("started_at"),
+        "vllm_version": startup.get("vllm_version"),
+        "runtime_ref": runtime_lock.get("runtime_ref"),
+        "packages_sha256": runtime_lock.get("packages_sha256"),
+        "launch_argv": startup.get("argv"),
+        "models": launch.get("models"),
+        "scheduler": scheduler_env(),
+    }
+
+
+def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str,
+        launch_path: str, lock_path: str, out_json: str, out_requests: str, idle_timeout_s: float) -> dict:
+    """The cell rule: acquire the server (starting it if needed), measure, write once."""
+    from pathlib import Path
+
+    from . import experiment, server
+
+    exp = experiment.load(experiment_name, experiments_dir)
+    cell = exp.cell(server_id, cell_id)
+    # <results_root>/<experiment>/servers/<server_id>/launch.json: the device lock
+    # and the registry of running servers live at the results root
+    results_root = Path(launch_path).resolve().parents[3]
+    launch = atomic.read_json(launch_path)
+    lock = atomic.read_json(lock_path)
+    progress = print
+    progress(f"cell {server_id}/{cell_id}: {cell.as_dict()}")
+    with server.acquire(results_root, exp.name, server_id, launch, idle_timeout_s, progress) as info:
+        startup = info["startup"]
+        progress(f"server {server_id} start {startup['start_id']} at {info['url']} "
+                 f"(KV cache {startup.get('kv_cache_size_tokens')} tokens)")
+        result, records = asyncio.run(measure(cell, info["url"], launch["served_model_name"], exp.client, progress))
+        if result["status"] == "valid" and not server.pid_alive(int(info["vllm_pid"])):
+            raise CellError(f"the server of {server_id} died during the cell (see its server.log)")
+    doc = {
+        "experiment": exp.name,
+        "cell": cell.as_dict(),
+        "server": {"server_id": server_id, "model": launch["model"], "spec_tokens": launch["spec_tokens"],
+                   "served_model_name": launch["served_model_name"]},
+        "client": exp.client,
+        "result": result,
+        "provenance": provenance(startup, lock, launch),
+    }
+    ident = {"experiment": exp.name, "server_id": server_id, "cell_id": cell_id}
+    write(out_json, out_requests, doc, records, ident)
+    progress(f"done: status {result['status']}, output_throughput {result.get('output_throughput')}")
+    return doc

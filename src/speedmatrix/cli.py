@@ -1,0 +1,142 @@
+"""The ``speedmatrix`` command: what a user may want by hand, without Snakemake."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from . import __version__
+
+EPILOG = """\
+The whole pipeline runs through Snakemake (`make run`, or
+`snakemake --profile profiles/default --config experiment=NAME`);
+these subcommands are the pieces a user wants by hand.
+"""
+
+
+def cmd_bench(ns: argparse.Namespace) -> int:
+    from . import atomic, cells
+    from .experiment import Cell
+
+    cell = Cell(server_id="manual", workload=ns.workload, context_tokens=ns.context, concurrency=ns.concurrency,
+                max_tokens=ns.max_tokens if ns.workload == "decode" else 1,
+                duration_s=ns.duration if ns.workload == "decode" else None, repeats=ns.requests)
+    client_cfg = {"stall_timeout_s": ns.stall_timeout, "ignore_eos": ns.ignore_eos, "seed": ns.seed}
+    result, records = asyncio.run(cells.measure(cell, ns.url.rstrip("/"), ns.model, client_cfg,
+                                                progress=lambda m: print(m, file=sys.stderr)))
+    doc = {"cell": cell.as_dict(), "url": ns.url, "model": ns.model, "client": client_cfg, "result": result}
+    atomic.write_json(ns.out, doc)
+    if records:
+        cells.request_table(records, {"cell_id": cell.id}).to_parquet(Path(ns.out).with_suffix(".requests.parquet"))
+    print(json.dumps({k: result.get(k) for k in ("status", "completed", "total_output_tokens",
+                                                 "output_throughput", "median_ttft_ms", "median_itl_ms")}))
+    return 0
+
+
+def cmd_loops(ns: argparse.Namespace) -> int:
+    from . import loops
+
+    for f in ns.files:
+        v = loops.detect(Path(f).read_text(errors="replace"))
+        print(json.dumps({"file": f, **v.as_dict()}))
+    return 0
+
+
+def cmd_argv(ns: argparse.Namespace) -> int:
+    from . import experiment, runtimes
+
+    exp = experiment.load(ns.experiment, ns.experiments_dir)
+    for srv in exp.servers:
+        argv = runtimes.launch_argv(exp, srv, ns.models_dir, srv.port or 8000)
+        print(f"{srv.id}\t{json.dumps(runtimes.redact_argv(argv))}")
+    return 0
+
+
+def cmd_validate(ns: argparse.Namespace) -> int:
+    from . import experiment
+
+    exp = experiment.load(ns.experiment, ns.experiments_dir)
+    print(f"{exp.path}: ok ({len(exp.servers)} server configs, {len(exp.cells())} cells)")
+    return 0
+
+
+def cmd_list(ns: argparse.Namespace) -> int:
+    from . import experiment
+
+    for name in experiment.available(ns.experiments_dir):
+        print(name)
+    return 0
+
+
+def cmd_stop(ns: argparse.Namespace) -> int:
+    from . import server
+
+    n = server.stop_all(ns.results_dir)
+    print(f"stopped {n} server(s) under {ns.results_dir}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="speedmatrix", description="Reproducible LLM-serving benchmark matrices on "
+                                "vLLM.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"speedmatrix {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    b = sub.add_parser("bench", help="measure one cell against a running OpenAI-compatible server",
+                       description="Measure one cell against a running server, with the code path the workflow "
+                       "uses. An API key, if the server needs one, comes from SPEEDMATRIX_API_KEY or "
+                       "OPENAI_API_KEY (never from the command line, so it stays out of shell history and logs).")
+    b.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    b.add_argument("--model", required=True, help="served model name")
+    b.add_argument("--workload", choices=["prefill", "decode"], default="decode")
+    b.add_argument("--context", type=int, required=True, help="prompt length in tokens (sized by the server's "
+                   "/tokenize)")
+    b.add_argument("--concurrency", type=int, default=1, help="requests in flight (decode)")
+    b.add_argument("--requests", type=int, default=3, help="requests (prefill)")
+    b.add_argument("--duration", type=float, default=30.0, help="measurement window in seconds (decode)")
+    b.add_argument("--max-tokens", type=int, default=4096, help="output cap per request")
+    b.add_argument("--ignore-eos", action="store_true", help="generate past the model's end (recorded)")
+    b.add_argument("--stall-timeout", type=float, default=60.0, help="end a request after this many seconds "
+                   "without a token")
+    b.add_argument("--seed", type=int, default=0, help="prompt selection seed")
+    b.add_argument("--out", required=True, help="result JSON (requests go beside it as .requests.parquet)")
+    b.set_defaults(func=cmd_bench)
+
+    lo = sub.add_parser("loops", help="loop verdict for text files, one JSON line each")
+    lo.add_argument("files", nargs="+")
+    lo.set_defaults(func=cmd_loops)
+
+    for name, func, text in (("argv", cmd_argv, "print each server config's launch argv (JSON list)"),
+                             ("validate", cmd_validate, "check an experiment file against the schema")):
+        a = sub.add_parser(name, help=text)
+        a.add_argument("experiment")
+        a.add_argument("--experiments-dir", default="config/experiments")
+        a.add_argument("--models-dir", default="resources/models")
+        a.set_defaults(func=func)
+
+    ls = sub.add_parser("experiments", help="list the experiments in config/experiments")
+    ls.add_argument("--experiments-dir", default="config/experiments")
+    ls.set_defaults(func=cmd_list)
+
+    st = sub.add_parser("stop", help="stop every server the workflow brought up under a results dir")
+    st.add_argument("--results-dir", default="results")
+    st.set_defaults(func=cmd_stop)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .experiment import ConfigError
+
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.func(ns)
+    except ConfigError as err:
+        print(f"speedmatrix: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""The benchmark client: streaming OpenAI-compatible completions, measured per chunk.
+
+One request is one streamed ``/v1/completions`` call. Every chunk's arrival
+time and token count is kept (token counts from vLLM's continuous usage
+stats when present, else one per non-empty chunk), so every figure of a cell
+is derived afterwards from the raw records (see :mod:`speedmatrix.cellstats`).
+A request ends with a recorded reason, never hangs: a stalled stream
+(no chunk for ``stall_timeout_s``), an HTTP error, a malformed event or a
+dropped connection each end it with ``error`` set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import aiohttp
+
+API_KEY_ENV = "SPEEDMATRIX_API_KEY"
+
+
+def auth_headers() -> dict[str, str]:
+    key = os.environ.get(API_KEY_ENV) or os.environ.get("OPENAI_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+@dataclass
+class RequestRecord:
+    index: int
+    worker: int
+    prompt_tokens: int
+    start: float  # seconds since the cell's t0
+    first_token: float | None = None
+    end: float | None = None
+    chunk_times: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    cut_at_window_end: bool = False
+    error: str | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.chunk_tokens)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def stream_completion(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    prompt: list[int] | str,
+    max_tokens: int,
+    record: RequestRecord,
+    t0: float,
+    stall_timeout_s: float,
+    deadline: float | None = None,
+    ignore_eos: bool = False,
+) -> RequestRecord:
+    """Stream one completion into ``record``; stop reading at ``deadline`` (monotonic)."""
+    payload = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "ignore_eos": ignore_eos,
+    }
+    now = time.monotonic
+    last_usage = 0
+    try:
+        async with session.post(f"{base_url}/v1/completions", json=payload, headers=auth_headers()) as resp:
+            if resp.status != 200:
+                body = (await resp.text())[:300]
+                record.error = f"HTTP {resp.status}: {body}"
+                return record
+            buf = b""
+            while True:
+                timeout = stall_timeout_s
+                if deadline is not None:
+                    left = deadline - now()
+                    if left <= 0:
+                        record.cut_at_window_end = True
+                        break
+                    timeout = min(timeout, left)
+                try:
+                    data = await asyncio.wait_for(resp.content.readany(), timeout)
+                except asyncio.TimeoutError:
+                    if deadline is not None and now() >= deadline:
+                        record.cut_at_window_end = True
+                    else:
+                        record.error = f"stalled: no data for {stall_timeout_s:g} s"
+                    break
+                if not data:
+                    if record.finish_reason is None:
+                        record.error = "connection closed before the stream finished"
+                    break
+                buf += data
+                arrived = now() - t0
+                done = False
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    line = event.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    body = line[5:].strip()
+                    if body == b"[DONE]":
+                        done = True
+                        break
+                    try:
+                        msg = json.loads(body)
+                    except ValueError:
+                        record.error = f"malformed event: {body[:120]!r}"
+                        done = True
+                        break
+                    if "error" in msg:
+                        record.error = f"server error event: {str(msg['error'])[:200]}"
+                        done = True
+                        break
+                    usage = msg.get("usage") or {}
+                    choices = msg.get("choices") or []
+                    text = "".join(c.get("text") or "" for c in choices)
+                    reason = next((c.get("finish_reason") for c in choices if c.get("finish_reason")), None)
+                    if usage.get("completion_tokens") is not None:
+                        n = usage["completion_tokens"] - last_usage
+                        last_usage = usage["completion_tokens"]
+                    else:
+                        n = 1 if text else 0
+                    if n > 0:
+                        if record.first_token is None:
+                            record.first_token = arrived
+                        record.chunk_times.append(arrived)
+                        record.chunk_tokens.append(n)
+                    record.text += text
+                    if reason:
+                        record.finish_reason = reason
+                if done:
+                    break
+    except (aiohttp.ClientError, ConnectionError, OSError) as exc:
+        record.error = f"connection error: {type(exc).__name__}: {exc}"[:300]
+    finally:
+        record.end = now() - t0
+    return record
+
+
+async def closed_loop(
+    base_url: str,
+    model: str,
+    make_prompt: Callable[[int], list[int]],
+    concurrency: int,
+    duration_s: float,
+    max_tokens: int,
+    stall_timeout_s: float = 60.0,
+    ignore_eos: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[float, list[RequestRecord]]:
+    """Sustained decode: ``concurrency`` requests in flight for ``duration_s``;
+    a finished request is replaced at once. Returns (t0, records)."""
+    records: list[RequestRecord] = []
+    counter = iter(range(10**9))
+    conn = aiohttp.TCPConnector(limit=concurrency + 4)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+        t0 = time.monotonic()
+        deadline = t0 + duration_s
+
+        async def worker(w: int) -> None:
+            while time.monotonic() < deadline:
+                i = next(counter)
+                prompt = make_prompt(i)
+                rec = RequestRecord(index=i, worker=w, prompt_tokens=len(prompt), start=time.monotonic() - t0)
+                records.append(rec)
+                await stream_completion(
+                    session, base_url, model, prompt, max_tokens, rec, t0, stall_timeout_s, deadline, ignore_eos
+                )
+                if rec.error and not rec.cut_at_window_end:
+                    # do not hammer a failing server: a failed request ends this worker
+                    return
+
+        async def report() -> None:
+            while True:
+                await asyncio.sleep(max(1.0, duration_s / 10))
+                if progress:
+                    toks = sum(r.output_tokens for r in records)
+                    progress(f"t={time.monotonic() - t0:.1f}s requests={len(records)} output_tokens={toks}")
+
+        reporter = asyncio.create_task(report())
+        try:
+            await asyncio.gather(*(worker(w) for w in range(concurrency)))
+        finally:
+            reporter.cancel()
+    return t0, records
+
+
+async def sequential(
+    base_url: str,
+    model: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    stall_timeout_s: float = 60.0,
+) -> list[RequestRecord]:
+    """One request at a time (prefill and latency cells)."""
+    out = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)) as session:
+        for i, prompt in enumerate(prompts):
+            t0 = time.monotonic()
+            rec = RequestRecord(index=i, worker=0, prompt_tokens=len(prompt), start=0.0)
+            await stream_completion(session, base_url, model, prompt, max_tokens, rec, t0, stall_timeout_s)
+            out.append(rec)
+    return out

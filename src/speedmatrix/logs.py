@@ -1,0 +1,50 @@
+"""Logging for the rule scripts: everything a job prints goes to its Snakemake log, timestamped."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, TextIO
+
+
+class _Stamped:
+    def __init__(self, fh: TextIO) -> None:
+        self.fh = fh
+        self.at_line_start = True
+
+    def write(self, s: str) -> int:
+        for part in s.splitlines(keepends=True):
+            if self.at_line_start:
+                self.fh.write(time.strftime("[%H:%M:%S] "))
+            self.fh.write(part)
+            self.at_line_start = part.endswith("\n")
+        self.fh.flush()
+        return len(s)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+@contextlib.contextmanager
+def to_file(path: str | Path) -> Iterator[None]:
+    """Send stdout and stderr (tracebacks included) to ``path`` for the duration of a job."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        stamped = _Stamped(fh)
+        old = sys.stdout, sys.stderr
+        sys.stdout = sys.stderr = stamped
+        try:
+            yield
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            raise
+        finally:
+            sys.stdout, sys.stderr = old
+
+
+def progress(msg: str) -> None:
+    print(msg, flush=True)

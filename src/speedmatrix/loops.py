@@ -1,0 +1,132 @@
+"""Loop detection: exact periodicity at the end of a generated text.
+
+A text "loops" when its tail is one unit repeated verbatim. For the reversed
+text r, the prefix r[:L] (the last L characters of the text) has smallest
+period L - pi[L-1], where pi is the prefix function (Knuth-Morris-Pratt); one
+linear pass therefore gives, for every tail length L, its period and how many
+times the unit repeats. The verdict takes the longest tail that repeats at
+least ``min_repeats`` times.
+
+A second pass runs on a normalized copy (every digit run folded to "0",
+every whitespace run to one space) and catches incrementing loops
+("Step 7: ...", "Step 8: ...") as *suspected*.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+DEFAULTS = {
+    "looped_min_repeats": 4,
+    "looped_min_coverage_chars": 4096,
+    "suspected_min_repeats": 3,
+    "suspected_min_coverage_chars": 1024,
+}
+
+
+@dataclass
+class Verdict:
+    looped: bool
+    suspected: bool
+    period_chars: int | None
+    repeats: float
+    coverage_chars: int
+    onset_char: int | None
+    normalized: bool = False
+    length_chars: int = 0
+    thresholds: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def prefix_function(seq: Sequence) -> list[int]:
+    n = len(seq)
+    pi = [0] * n
+    k = 0
+    for i in range(1, n):
+        while k and seq[i] != seq[k]:
+            k = pi[k - 1]
+        if seq[i] == seq[k]:
+            k += 1
+        pi[i] = k
+    return pi
+
+
+def tail_periodicity(seq: Sequence, min_repeats: float) -> tuple[int, int]:
+    """Longest tail of ``seq`` that is a unit repeated >= min_repeats times.
+
+    Returns (coverage, period); (0, 0) when no tail qualifies. Coverage counts
+    the whole periodic tail, including a partial unit at its start.
+    """
+    rev = seq[::-1]
+    pi = prefix_function(rev)
+    best = (0, 0)
+    for length in range(2, len(rev) + 1):
+        period = length - pi[length - 1]
+        if period < length and length / period >= min_repeats:
+            best = (length, period)
+    return best
+
+
+_DIGITS = re.compile(r"\d+")
+_SPACES = re.compile(r"\s+")
+
+
+def normalize(text: str) -> str:
+    return _SPACES.sub(" ", _DIGITS.sub("0", text))
+
+
+def _judge(seq: Sequence, th: dict[str, Any]) -> tuple[bool, bool, int, int]:
+    cov_s, per_s = tail_periodicity(seq, th["suspected_min_repeats"])
+    looped = False
+    cov_l, per_l = tail_periodicity(seq, th["looped_min_repeats"])
+    if cov_l >= th["looped_min_coverage_chars"]:
+        looped = True
+        cov_s, per_s = cov_l, per_l
+    suspected = looped or cov_s >= th["suspected_min_coverage_chars"]
+    return looped, suspected, cov_s, per_s
+
+
+def detect(text: str, **thresholds: Any) -> Verdict:
+    """Judge one generated text. Thresholds default to :data:`DEFAULTS`."""
+    unknown = set(thresholds) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown loop threshold(s): {', '.join(sorted(unknown))}")
+    th = {**DEFAULTS, **thresholds}
+    looped, suspected, cov, per = _judge(text, th)
+    normalized = False
+    if not suspected:
+        norm = normalize(text)
+        if norm != text:
+            _, n_susp, n_cov, n_per = _judge(norm, th)
+            if n_susp:
+                suspected, normalized = True, True
+                # map coverage on the normalized copy back to an approximate onset
+                cov = min(len(text), round(n_cov * len(text) / max(1, len(norm))))
+                per = n_per
+    return Verdict(
+        looped=looped,
+        suspected=suspected,
+        period_chars=per or None,
+        repeats=round(cov / per, 2) if per else 0.0,
+        coverage_chars=cov,
+        onset_char=len(text) - cov if cov else None,
+        normalized=normalized,
+        length_chars=len(text),
+        thresholds=th,
+    )
+
+
+def detect_tokens(token_ids: Sequence[int], min_repeats: float = 4, min_coverage_tokens: int = 1024) -> dict:
+    """The same exact-periodicity test over token ids (where the ids are known)."""
+    cov, per = tail_periodicity(list(token_ids), min_repeats)
+    return {
+        "looped": cov >= min_coverage_tokens,
+        "period_tokens": per or None,
+        "repeats": round(cov / per, 2) if per else 0.0,
+        "coverage_tokens": cov,
+        "onset_token": len(token_ids) - cov if cov else None,
+    }

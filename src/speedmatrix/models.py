@@ -1,0 +1,168 @@
+"""Models: synthesize a tiny Gemma-4-architecture model (and its MTP drafter) locally.
+
+The weights are never written: vLLM serves them with ``--load-format dummy``
+(random values). What is written is what vLLM needs to build the model and
+serve text: ``config.json``, a tokenizer trained here on the repository's own
+corpus, and a manifest (``speedmatrix-model.json``) with the recipe and the
+hash of every file, so a run records exactly which model it measured.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from . import atomic, corpus
+
+SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+PAD_ID, EOS_ID, BOS_ID = 0, 1, 2
+
+# A chat template in Gemma's turn format, so chat endpoints work on the tiny model.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+    "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+# Architecture recipes. Sizes are the smallest that exercise Gemma 4's real
+# structure in vLLM: a sliding-window layer and a global (full) attention layer.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny-gemma4": {
+        "kind": "target",
+        "vocab_size": 1024,
+        "config": {
+            "architectures": ["Gemma4ForCausalLM"],
+            "model_type": "gemma4_text",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "global_head_dim": 32,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "sliding_window": 128,
+            "max_position_embeddings": 8192,
+            "vocab_size_per_layer_input": 1024,
+            "hidden_size_per_layer_input": 16,
+            "final_logit_softcapping": 30.0,
+            "tie_word_embeddings": True,
+            "torch_dtype": "bfloat16",
+        },
+    },
+    "tiny-gemma4-assistant": {
+        "kind": "drafter",
+        "vocab_size": 1024,
+        "config": {
+            "architectures": ["Gemma4AssistantForCausalLM"],
+            "model_type": "gemma4_assistant",
+            "backbone_hidden_size": 64,
+            "use_ordered_embeddings": False,
+            "tie_word_embeddings": True,
+            "torch_dtype": "bfloat16",
+            "text_config": {
+                "model_type": "gemma4_text",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "head_dim": 32,
+                "global_head_dim": 32,
+                "layer_types": ["full_attention"],
+                "sliding_window": 128,
+                "max_position_embeddings": 8192,
+                "vocab_size_per_layer_input": 0,
+                "hidden_size_per_layer_input": 0,
+                "tie_word_embeddings": True,
+            },
+        },
+    },
+}
+
+MANIFEST = "speedmatrix-model.json"
+
+
+def train_tokenizer(vocab_size: int):
+    """A byte-level BPE tokenizer trained on the repository corpus (deterministic)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus.all_text().split("\n\n"), trainer=trainer)
+    return tok
+
+
+def _with_token_ids(cfg: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+    cfg = copy.deepcopy(cfg)
+    cfg.update(vocab_size=vocab_size, pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID)
+    if "text_config" in cfg:
+        cfg["text_config"].update(
+            vocab_size=vocab_size, pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID
+        )
+    return cfg
+
+
+def file_hashes(directory: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(directory.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            out[str(p.relative_to(directory))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def synthesize(preset: str, out_dir: str | Path, overrides: dict[str, Any] | None = None) -> dict:
+    """Write a dummy-weight model directory for ``preset``; return its manifest."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; known: {', '.join(sorted(PRESETS))}")
+    recipe = PRESETS[preset]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer(recipe["vocab_size"])
+    vocab = tok.get_vocab_size()
+    cfg = _with_token_ids(recipe["config"], vocab)
+    if overrides:
+        cfg.update(overrides)
+    atomic.write_json(out / "config.json", cfg)
+    atomic.write_bytes(out / "tokenizer.json", tok.to_str().encode())
+    atomic.write_json(
+        out / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<bos>",
+            "eos_token": "<eos>",
+            "pad_token": "<pad>",
+            "unk_token": "<unk>",
+            "add_bos_token": True,
+            "model_max_length": cfg.get("max_position_embeddings", 8192),
+            "chat_template": CHAT_TEMPLATE,
+        },
+    )
+    atomic.write_json(
+        out / "generation_config.json",
+        {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID},
+    )
+    manifest = {
+        "source": "synthesize",
+        "preset": preset,
+        "kind": recipe["kind"],
+        "weights": "dummy (served with --load-format dummy: random values, nothing on disk)",
+        "vocab_size": vocab,
+        "files": file_hashes(out),
+    }
+    atomic.write_json(out / MANIFEST, manifest)
+    return manifest
+
+
+def load_manifest(model_dir: str | Path) -> dict:
+    return json.loads((Path(model_dir) / MANIFEST).read_text())

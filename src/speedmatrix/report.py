@@ -1,0 +1,204 @@
+"""The report: tables shaped like the seeds' (seed 002's prefill, sustained-decode and full tables)."""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+STATUS_LABEL = {"valid": "Valid", "looped": "Looped", "over_capacity": "Over capacity", "error": "Error"}
+FOOTNOTE = (
+    "Looped: the model kept repeating the same text, so this measurement is discarded under the configured "
+    "policy. Over capacity: not run because this many requests at this context would exceed the server's KV "
+    "cache (decided from the live server's `kv_cache_size_tokens`)."
+)
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def fmt_num(v: Any) -> str:
+    """Like the seeds: 31.5K, 6,473.0, 95.7."""
+    if _missing(v):
+        return "—"
+    v = float(v)
+    if abs(v) >= 10_000:
+        return f"{v / 1000:.1f}K"
+    return f"{v:,.1f}"
+
+
+def fmt_ms(v: Any) -> str:
+    return "—" if _missing(v) else f"{float(v):,.0f} ms" if float(v) >= 100 else f"{float(v):,.1f} ms"
+
+
+def fmt_ctx(tokens: int) -> str:
+    return f"{tokens // 1024}K" if tokens >= 1024 and tokens % 1024 == 0 else str(tokens)
+
+
+def fmt_int(v: Any) -> str:
+    return "—" if _missing(v) else f"{int(v):,}"
+
+
+def decode_table(m: pd.DataFrame) -> str:
+    """Seed 002's "Sustained decode" table: rows = context, columns = concurrency."""
+    d = m[m["workload"] == "decode"]
+    concs = sorted(d["concurrency"].unique())
+    lines = ["| Context | " + " | ".join(str(c) for c in concs) + " |", "|---" * (len(concs) + 1) + "|"]
+    for ctx in sorted(d["context_tokens"].unique()):
+        cells = []
+        for c in concs:
+            row = d[(d["context_tokens"] == ctx) & (d["concurrency"] == c)]
+            if row.empty:
+                cells.append("")
+                continue
+            r = row.iloc[0]
+            cells.append(fmt_num(r["total_tok_s"]) if r["status"] == "valid" else STATUS_LABEL.get(r["status"],
+                                                                                               r["status"]))
+        lines.append(f"| {fmt_ctx(int(ctx))} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def prefill_table(m: pd.DataFrame) -> str:
+    p = m[m["workload"] == "prefill"]
+    lines = ["| Context | prompt tok/s | TTFT |", "|---|---|---|"]
+    for r in p.sort_values("context_tokens").itertuples():
+        lines.append(f"| {fmt_ctx(int(r.context_tokens))} | {fmt_num(r.prompt_tok_s)} | {fmt_ms(r.ttft_ms)} |")
+    return "\n".join(lines)
+
+
+def full_table(m: pd.DataFrame) -> str:
+    head = ("| Phase | Context | Requests at once | Status | Total tok/s | Per request tok/s | TTFT | "
+            "Time between tokens | Average active requests | Completed requests | Output tokens | Measured for | "
+            "Loop fraction |")
+    lines = [head, "|---" * 13 + "|"]
+    order = {"prefill": 0, "decode": 1}
+    m = m.assign(_o=m["workload"].map(order)).sort_values(["_o", "context_tokens", "concurrency"])
+    for r in m.itertuples():
+        measured = r.status not in ("over_capacity",)
+        phase = "Prefill" if r.workload == "prefill" else "Sustained decode"
+        tok = r.prompt_tok_s if r.workload == "prefill" else r.total_tok_s
+        lines.append("| " + " | ".join([
+            phase, fmt_ctx(int(r.context_tokens)), str(int(r.concurrency)), STATUS_LABEL.get(r.status, r.status),
+            fmt_num(tok) if measured else "—",
+            fmt_num(r.per_request_tok_s) if measured else "—",
+            fmt_ms(r.ttft_ms) if measured else "—",
+            fmt_ms(r.itl_ms) if measured else "—",
+            fmt_num(r.avg_active_requests) if measured else "—",
+            fmt_int(r.completed_requests) if measured else "—",
+            fmt_int(r.output_tokens) if measured else "—",
+            (f"{float(r.measured_s):.1f} s" if not _missing(r.measured_s) else "—") if measured else "—",
+            "—" if _missing(r.loop_fraction) else f"{float(r.loop_fraction):.0%}",
+        ]) + " |")
+    return "\n".join(lines)
+
+
+def render(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str, Any], charts: dict[str, str],
+           experiment: str, description: str = "") -> str:
+    out = [f"# {experiment}", ""]
+    if description:
+        out += [description.strip(), ""]
+    out += [
+        f"- vLLM: {lock.get('vllm_distribution')} {lock.get('vllm_version')} · torch {lock.get('torch_version')} · "
+        f"Python {lock.get('python_version')} · {lock.get('platform')}",
+        f"- runtime: `{lock.get('runtime_ref')}` (package set sha256 `{str(lock.get('packages_sha256'))[:16]}…`)",
+        "",
+        "## Servers",
+        "",
+        "| Server config | Spec tokens | Start-up | KV cache (tokens) | Max concurrency at max-model-len | vLLM |",
+        "|---|---|---|---|---|---|",
+    ]
+    spec_by_server = matrix.groupby("server_id")["spec_tokens"].first().to_dict()
+    for s in startups:
+        mc = s.get("max_concurrency")
+        out.append(
+            f"| {s['server_id']} | {spec_by_server.get(s['server_id'], '—')} | {s.get('startup_seconds', 0):.1f} s | "
+            f"{fmt_int(s.get('kv_cache_size_tokens'))} | {'—' if mc is None else f'{mc:.2f}x'} | "
+            f"{s.get('vllm_version')} |"
+        )
+    for sid in sorted(matrix["server_id"].unique()):
+        m = matrix[matrix["server_id"] == sid]
+        out += ["", f"## Server config `{sid}`", ""]
+        if (m["workload"] == "prefill").any():
+            out += ["### Prefill", "", "prompt tok/s by context length", "", prefill_table(m), ""]
+        if (m["workload"] == "decode").any():
+            out += ["### Sustained decode", "",
+                    "total tok/s · rows are context length, columns are simultaneous requests", "",
+                    decode_table(m), "", FOOTNOTE, ""]
+        out += ["### All measurements", "",
+                "Latencies are medians. Total tok/s is output across all simultaneous requests.", "",
+                full_table(m), ""]
+    if charts:
+        out += ["## Charts", ""]
+        for title, png in charts.items():
+            out += [f"![{title}]({png})", ""]
+    return "\n".join(out)
+
+
+def render_html(markdown_text: str, title: str) -> str:
+    """A self-contained HTML page of the report (tables rendered, images linked)."""
+    body, table = [], []
+
+    def flush():
+        if table:
+            rows = [r for r in table if not set(r.replace("|", "").strip()) <= {"-"}]
+            cells = [[html.escape(c.strip()) for c in r.strip().strip("|").split("|")] for r in rows]
+            body.append("<table><thead><tr>" + "".join(f"<th>{c}</th>" for c in cells[0]) + "</tr></thead><tbody>"
+                        + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in cells[1:])
+                        + "</tbody></table>")
+            table.clear()
+
+    for line in markdown_text.splitlines():
+        if line.startswith("|"):
+            table.append(line)
+            continue
+        flush()
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            body.append(f"<h{level}>{html.escape(line.lstrip('#').strip())}</h{level}>")
+        elif line.startswith("!["):
+            alt_text, src = line[2:].split("](", 1)
+            body.append(f'<p><img alt="{html.escape(alt_text)}" src="{html.escape(src.rstrip(")"))}"></p>')
+        elif line.startswith("- "):
+            body.append(f"<p>• {html.escape(line[2:])}</p>")
+        elif line.strip():
+            body.append(f"<p>{html.escape(line)}</p>")
+    flush()
+    style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
+             "margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}img{max-width:100%}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>{''.join(body)}</body></html>")
+
+
+def write(path_md: str | Path, path_html: str | Path, text: str, title: str) -> None:
+    from . import atomic
+
+    atomic.write_bytes(path_md, text.encode())
+    atomic.write_bytes(path_html, render_html(text, title).encode())
+
+
+def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_path: str, launch_paths: list[str],
+          out: dict[str, str]) -> None:
+    """The report rule: the decode heatmap (HTML + PNG), report.md and report.html."""
+    import json
+
+    from . import atomic, charts, experiment
+
+    exp = experiment.load(experiment_name, experiments_dir)
+    matrix = pd.read_parquet(matrix_path)
+    lock = atomic.read_json(lock_path)
+    startups = []
+    for p in launch_paths:
+        startup = Path(p).parent / "startup.json"
+        if startup.exists():
+            startups.append(json.loads(startup.read_text()))
+    chart_links = {}
+    if (matrix["workload"] == "decode").any():
+        charts.save(charts.decode_heatmap(matrix), out["heatmap_html"], out["heatmap_png"])
+        chart_links["Sustained decode heatmap"] = str(Path(out["heatmap_png"]).relative_to(Path(out["md"]).parent))
+    text = render(matrix, startups, lock, chart_links, exp.name, exp.raw.get("description", ""))
+    write(out["md"], out["html"], text, exp.name)
+    print(f"report: {out['md']}")

@@ -1,0 +1,433 @@
+"""Server lifecycle: one vLLM server per server config per workflow run, owned by a broker.
+
+Why a broker (docs/decisions/0001-server-lifecycle.md): every cell is its own
+Snakemake job, so no job can own a server that the next cell reuses. The
+first cell of a server config starts a small *broker* process, which starts
+vLLM in a process group of its own, waits until it serves, writes
+``startup.json`` and ``broker.json``, and then watches:
+
+* the vLLM API server: if it dies, the broker ends the whole process group
+  (vLLM's EngineCore and Worker survive a dead API server otherwise);
+* its owner, the Snakemake main process (``SPEEDMATRIX_OWNER=host:pid``):
+  when the workflow ends, however it ends, the server ends within a second;
+* an idle timeout: no cell for ``idle_timeout_s`` ends it as a safety net;
+* SIGTERM/SIGINT: the workflow's ``onsuccess``/``onerror`` stop it at once.
+
+A cell holds the *device lock* (an ``flock``) from acquiring the server to
+the end of its measurement: two cells never measure at the same time, and a
+server is only ever replaced by another config's server between cells.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from . import atomic, metrics, runtimes
+
+OWNER_ENV = "SPEEDMATRIX_OWNER"
+POLL_S = 0.5
+STOP_GRACE_S = 15.0
+
+
+def owner_token() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _owner_alive(token: str | None) -> bool:
+    if not token:
+        return True
+    host, _, pid = token.rpartition(":")
+    if host != socket.gethostname():
+        return True  # another host's process: cannot be watched from here
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child counts as gone
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # only zombies left counts as gone
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().split(")")[-1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def end_group(pgid: int, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM a process group, then SIGKILL whatever is left after ``grace_s``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and group_alive(pgid):
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and group_alive(pgid):
+        time.sleep(0.1)
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers={k: v for k, v in _auth().items()})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+
+
+def _auth() -> dict[str, str]:
+    from .client import auth_headers
+
+    return auth_headers()
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no server log)"
+
+
+# ---------------------------------------------------------------------------
+# the broker process
+
+
+@dataclass
+class BrokerArgs:
+    state_dir: Path
+    argv: list[str]
+    env: dict[str, str]
+    url: str
+    startup_timeout_s: float
+    idle_timeout_s: float
+    owner: str | None
+    server_id: str
+    experiment: str
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited with code {proc.returncode} during start-up; last lines of {log}:\n"
+                               f"{log_tail(log)}")
+        try:
+            code, _ = http_get(f"{url}/health", timeout=2)
+            if code == 200:
+                code, _ = http_get(f"{url}/v1/models", timeout=5)
+                if code == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(POLL_S)
+    raise TimeoutError(f"vLLM did not serve {url} within {timeout_s:g} s; last lines of {log}:\n{log_tail(log)}")
+
+
+def startup_record(url: str) -> dict[str, Any]:
+    _, version = http_get(f"{url}/version")
+    _, text = http_get(f"{url}/metrics")
+    info = metrics.cache_info(metrics.parse(text.decode()))
+    kv = info["kv_cache_size_tokens"]
+    return {
+        "vllm_version": json.loads(version or b"{}").get("version"),
+        **info,
+        "max_concurrency": info["kv_cache_max_concurrency"],
+    }
+
+
+def run_broker(a: BrokerArgs) -> int:
+    state = a.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    log_path = state / "server.log"
+    start_id = uuid.uuid4().hex[:12]
+    stop = {"reason": None}
+
+    def on_signal(signum, _frame):
+        stop["reason"] = f"signal {signal.Signals(signum).name}"
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+
+    env = {**os.environ, **a.env}
+    with open(log_path, "ab") as log:
+        log.write(f"\n==== speedmatrix: start {start_id} at {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
+                  f"{json.dumps(runtimes.redact_argv(a.argv))}\n".encode())
+        log.flush()
+        t_start = time.monotonic()
+        proc = subprocess.Popen(a.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+    pgid = proc.pid
+    live = {"broker_pid": os.getpid(), "vllm_pid": proc.pid, "pgid": pgid, "url": a.url,
+            "start_id": start_id, "owner": a.owner, "server_id": a.server_id}
+    atomic.write_json(state / "broker.starting.json", live)
+    rc = 0
+    try:
+        try:
+            _wait_ready(proc, a.url, a.startup_timeout_s, log_path)
+        except (RuntimeError, TimeoutError) as exc:
+            atomic.write_json(state / "startup-error.json", {"start_id": start_id, "error": str(exc)})
+            return 2
+        record = {
+            "experiment": a.experiment,
+            "server_id": a.server_id,
+            "start_id": start_id,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "startup_seconds": round(time.monotonic() - t_start, 3),
+            "url": a.url,
+            "argv": runtimes.redact_argv(a.argv),
+            "env": runtimes.redact_env(a.env),
+            "hostname": socket.gethostname(),
+            **startup_record(a.url),
+        }
+        atomic.write_json(state / "startup.json", record)
+        with open(state / "starts.jsonl", "a") as fh:
+            fh.write(json.dumps({"start_id": start_id, "at": record["started_at"],
+                                 "startup_seconds": record["startup_seconds"]}) + "\n")
+        atomic.write_json(state / "broker.json", {**live, "startup": record})
+        lease = state / "lease"
+        lease.touch()
+        while stop["reason"] is None:
+            if proc.poll() is not None:
+                stop["reason"] = f"vLLM API server exited with code {proc.returncode}"
+                rc = 3
+                break
+            if not _owner_alive(a.owner):
+                stop["reason"] = f"owner {a.owner} is gone"
+                break
+            try:
+                idle = time.time() - lease.stat().st_mtime
+            except FileNotFoundError:
+                idle = 0.0
+            if idle > a.idle_timeout_s and not _lease_held(state):
+                stop["reason"] = f"idle for {idle:.0f} s"
+                break
+            time.sleep(POLL_S)
+        return rc
+    finally:
+        end_group(pgid)
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            proc.wait(timeout=1)
+        for name in ("broker.json", "broker.starting.json"):
+            with contextlib.suppress(FileNotFoundError):
+                (state / name).unlink()
+        with open(log_path, "ab") as log:
+            log.write(f"==== speedmatrix: stopped {start_id}: {stop['reason'] or 'start-up failed'}\n".encode())
+
+
+def _lease_held(state: Path) -> bool:
+    """A cell holds the server while it measures (the flock on ``lease``)."""
+    try:
+        with open(state / "lease", "rb") as fh:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+    except BlockingIOError:
+        return True
+    except FileNotFoundError:
+        return False
+
+
+# ---------------------------------------------------------------------------
+# the side of the cells
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def running_brokers(results_root: Path) -> list[tuple[Path, dict]]:
+    out = []
+    for state_dir in sorted(p for p in results_root.glob("*/servers/*") if p.is_dir()):
+        info = _read(state_dir / "broker.json") or _read(state_dir / "broker.starting.json")
+        if info:
+            out.append((state_dir, info))
+    return out
+
+
+def stop_broker(state_dir: Path, info: dict, grace_s: float = 30.0) -> None:
+    """Stop a broker and make sure its server's whole process group is gone."""
+    bpid = int(info["broker_pid"])
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(bpid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and pid_alive(bpid):
+        time.sleep(0.2)
+    if pid_alive(bpid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(bpid, signal.SIGKILL)
+    # the broker may have been killed before cleaning up: end the group ourselves
+    if group_alive(int(info["pgid"])):
+        end_group(int(info["pgid"]), grace_s=5)
+    for name in ("broker.json", "broker.starting.json"):
+        with contextlib.suppress(FileNotFoundError):
+            (state_dir / name).unlink()
+
+
+def stop_all(results_root: str | Path) -> int:
+    """Stop every server brokered under ``results_root``; returns how many."""
+    found = running_brokers(Path(results_root))
+    for state_dir, info in found:
+        stop_broker(state_dir, info)
+    return len(found)
+
+
+@contextlib.contextmanager
+def device_lock(results_root: Path) -> Iterator[None]:
+    results_root.mkdir(parents=True, exist_ok=True)
+    with open(results_root / ".device.lock", "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _healthy(info: dict) -> bool:
+    if not pid_alive(int(info["broker_pid"])) or not pid_alive(int(info["vllm_pid"])):
+        return False
+    try:
+        return http_get(f"{info['url']}/health", timeout=5)[0] == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def start_broker(state_dir: Path, argv_without_port: list[str], port_index: int, host: str, port: int,
+                 env: dict[str, str], startup_timeout_s: float, idle_timeout_s: float, server_id: str,
+                 experiment: str, progress=print) -> dict:
+    port = port or free_port(host)
+    argv = list(argv_without_port)
+    argv[port_index] = str(port)
+    url = f"http://{host}:{port}"
+    for name in ("startup-error.json", "broker.json"):
+        with contextlib.suppress(FileNotFoundError):
+            (state_dir / name).unlink()
+    spec = {"state_dir": str(state_dir), "argv": argv, "env": env, "url": url,
+            "startup_timeout_s": startup_timeout_s, "idle_timeout_s": idle_timeout_s,
+            "owner": os.environ.get(OWNER_ENV), "server_id": server_id, "experiment": experiment}
+    state_dir.mkdir(parents=True, exist_ok=True)
+    progress(f"starting server {server_id} at {url}")
+    # the spec goes through a pipe, not a file: the argv may hold a secret (--api-key)
+    with open(state_dir / "broker.log", "ab") as blog:
+        broker = subprocess.Popen([sys.executable, "-m", "speedmatrix.server"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.DEVNULL, stderr=blog, start_new_session=True)
+    broker.stdin.write(json.dumps(spec).encode())
+    broker.stdin.close()
+    t0 = time.monotonic()
+    last = 0.0
+    while True:
+        info = _read(state_dir / "broker.json")
+        if info and info.get("broker_pid") == broker.pid:
+            progress(f"server {server_id} ready after {time.monotonic() - t0:.1f} s")
+            return info
+        if broker.poll() is not None:
+            err = _read(state_dir / "startup-error.json") or {}
+            raise ServerError(f"server {server_id} failed to start: "
+                              f"{err.get('error') or 'broker exited ' + str(broker.returncode)}")
+        if time.monotonic() - last > 15:
+            last = time.monotonic()
+            progress(f"waiting for server {server_id} ({time.monotonic() - t0:.0f} s)")
+        time.sleep(POLL_S)
+
+
+@contextlib.contextmanager
+def acquire(results_root: Path, experiment: str, server_id: str, launch: dict, idle_timeout_s: float,
+            progress=print) -> Iterator[dict]:
+    """Hold the device and a running server for ``server_id`` for the duration of a cell.
+
+    Starts the server if it is not running; stops another config's server
+    first (one server per device at a time).
+    """
+    state_dir = results_root / experiment / "servers" / server_id
+    with device_lock(results_root):
+        info = _read(state_dir / "broker.json")
+        if info and not _healthy(info):
+            progress(f"server {server_id} (start {info.get('start_id')}) is not healthy: replacing it")
+            stop_broker(state_dir, info)
+            info = None
+        if info is None:
+            for other_dir, other in running_brokers(results_root):
+                if other_dir != state_dir:
+                    progress(f"stopping server {other.get('server_id')} to free the device")
+                    stop_broker(other_dir, other)
+            info = start_broker(state_dir, launch["argv"], launch["port_index"], launch["host"], launch["port"],
+                                launch["env"], launch["startup_timeout_s"], idle_timeout_s, server_id, experiment,
+                                progress)
+        lease = state_dir / "lease"
+        lease.touch()
+        with open(lease, "rb") as fh:
+            fcntl.flock(fh, fcntl.LOCK_SH)
+            try:
+                yield info
+            finally:
+                lease.touch()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="speedmatrix server broker (started by the cells, not by hand)")
+    p.parse_args(argv)
+    spec = json.loads(sys.stdin.read())
+    return run_broker(BrokerArgs(state_dir=Path(spec["state_dir"]), argv=spec["argv"], env=spec["env"],
+                                 url=spec["url"], startup_timeout_s=spec["startup_timeout_s"],
+                                 idle_timeout_s=spec["idle_timeout_s"], owner=spec["owner"],
+                                 server_id=spec["server_id"], experiment=spec["experiment"]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

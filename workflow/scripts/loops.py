@@ -1,0 +1,11 @@
+"""Rule loops: loop verdicts for every saved text of one cell."""
+
+import pandas as pd
+
+from speedmatrix import atomic, logs, loopcheck
+
+with logs.to_file(snakemake.log[0]):
+    cell = atomic.read_json(snakemake.input.cell)
+    verdict = loopcheck.judge_cell(cell, pd.read_parquet(snakemake.input.requests), snakemake.params.settings)
+    atomic.write_json(snakemake.output[0], verdict)
+    print(f"loop fraction {verdict['loop_fraction']}, cell status {verdict['cell_status']}")

@@ -1,0 +1,9 @@
+"""Rule pin_runtime: record exactly which runtime the servers run."""
+
+from speedmatrix import atomic, experiment, logs, runtimes
+
+with logs.to_file(snakemake.log[0]):
+    exp = experiment.load(snakemake.params.experiment, snakemake.params.experiments_dir)
+    lock = runtimes.pin(exp)
+    atomic.write_json(snakemake.output[0], lock)
+    print(f"pinned {lock['runtime_ref']} (packages sha256 {lock['packages_sha256'][:16]})")

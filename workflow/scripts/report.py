@@ -1,0 +1,13 @@
+"""Rule report: charts (HTML + PNG) and report.md / report.html."""
+
+from speedmatrix import logs, report
+
+with logs.to_file(snakemake.log[0]):
+    report.build(
+        experiment_name=snakemake.params.experiment,
+        experiments_dir=snakemake.params.experiments_dir,
+        matrix_path=snakemake.input.matrix,
+        lock_path=snakemake.input.lock,
+        launch_paths=snakemake.input.launches,
+        out=dict(snakemake.output.items()),
+    )

@@ -1,0 +1,9 @@
+"""Rule server_launch: the exact launch spec of one server config."""
+
+from speedmatrix import atomic, experiment, logs, runtimes
+
+with logs.to_file(snakemake.log[0]):
+    exp = experiment.load(snakemake.params.experiment, snakemake.params.experiments_dir)
+    spec = runtimes.launch_spec(exp, snakemake.wildcards.server_id, snakemake.params.models_dir)
+    atomic.write_json(snakemake.output[0], spec)
+    print("launch argv (port chosen at start):", spec["argv_redacted"])
