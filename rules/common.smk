@@ -2,6 +2,7 @@
 import os
 
 from speedmatrix import experiment as sm_experiment
+from speedmatrix import runtimes as sm_runtimes
 from speedmatrix import server as sm_server
 
 try:
@@ -13,6 +14,7 @@ RESULTS = f"{config['results_dir']}/{EXP.name}"
 MODELS = config["models_dir"]
 SERVER_IDS = [s.id for s in EXP.servers]
 CELLS = EXP.cells()
+PACKAGES_SHA256 = sm_runtimes.packages_digest()
 IDLE_TIMEOUT_S = float(config.get("server_idle_timeout_s", 900))
 
 # The servers this workflow starts are owned by its main process: when it

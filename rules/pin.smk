@@ -6,6 +6,9 @@ rule pin_runtime:
     conda:
         "../envs/speedmatrix.yaml"
     params:
+        # a changed package set re-pins, and so re-measures: a matrix never
+        # mixes runtimes
+        packages_sha256=PACKAGES_SHA256,
         experiment=config["experiment"],
         experiments_dir=config["experiments_dir"],
     script:

@@ -25,10 +25,10 @@ def decode_heatmap(matrix: pd.DataFrame) -> alt.Chart:
         color=alt.Color("tok_s:Q", title="total tok/s", scale=alt.Scale(scheme="viridis")),
         tooltip=["server_id", "context_tokens", "concurrency", "status", "total_tok_s", "ttft_ms", "itl_ms"],
     )
-    text = base.mark_text(fontSize=11).encode(text="label:N", color=alt.value("black"))
+    text = base.mark_text(fontSize=10).encode(text="label:N", color=alt.value("black"))
     return (
         alt.layer(rect, text, data=d)
-        .properties(width=60 * max(1, d["concurrency"].nunique()), height=36 * max(1, d["context_tokens"].nunique()))
+        .properties(width=90 * max(1, d["concurrency"].nunique()), height=36 * max(1, d["context_tokens"].nunique()))
         .facet(column=alt.Column("server_id:N", title="server config"))
         .properties(title="Sustained decode: total tok/s")
     )

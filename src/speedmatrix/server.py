@@ -40,6 +40,12 @@ from typing import Any, Iterator
 from . import atomic, metrics, runtimes
 
 OWNER_ENV = "SPEEDMATRIX_OWNER"
+# Snakemake sets these to the *job's* thread count in every job; a server
+# started from a cell job must not inherit them (OMP_NUM_THREADS=2 on a vLLM
+# CPU worker bound to one core made decode ~100x slower). A server config sets
+# them explicitly in its `env` if it wants them.
+JOB_THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                   "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 POLL_S = 0.5
 STOP_GRACE_S = 15.0
 
@@ -364,9 +370,11 @@ def start_broker(state_dir: Path, argv_without_port: list[str], port_index: int,
     state_dir.mkdir(parents=True, exist_ok=True)
     progress(f"starting server {server_id} at {url}")
     # the spec goes through a pipe, not a file: the argv may hold a secret (--api-key)
+    broker_env = {k: v for k, v in os.environ.items() if k not in JOB_THREAD_VARS}
     with open(state_dir / "broker.log", "ab") as blog:
         broker = subprocess.Popen([sys.executable, "-m", "speedmatrix.server"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.DEVNULL, stderr=blog, start_new_session=True)
+                                  stdout=subprocess.DEVNULL, stderr=blog, start_new_session=True,
+                                  env=broker_env)
     broker.stdin.write(json.dumps(spec).encode())
     broker.stdin.close()
     t0 = time.monotonic()

