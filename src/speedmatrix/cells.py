@@ -176,8 +176,13 @@ def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str
         progress(f"server {server_id} start {startup['start_id']} at {info['url']} "
                  f"(KV cache {startup.get('kv_cache_size_tokens')} tokens)")
         result, records = asyncio.run(measure(cell, info["url"], launch["served_model_name"], exp.client, progress))
-        if result["status"] == "valid" and not server.pid_alive(int(info["vllm_pid"])):
-            raise CellError(f"the server of {server_id} died during the cell (see its server.log)")
+        if result.get("failed"):
+            # requests failed: keep the cell only if its server is still the same healthy server
+            # (a killed server closes its sockets while it is still exiting, so look twice)
+            time.sleep(1.0)
+            if not server.healthy(info):
+                raise CellError(f"the server of {server_id} died during the cell; {result['failed']} requests "
+                                f"failed ({result['errors_by_kind']}); see {Path(launch_path).parent}/server.log")
     doc = {
         "experiment": exp.name,
         "cell": cell.as_dict(),

@@ -195,10 +195,8 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
         startup = Path(p).parent / "startup.json"
         if startup.exists():
             startups.append(json.loads(startup.read_text()))
-    chart_links = {}
-    if (matrix["workload"] == "decode").any():
-        charts.save(charts.decode_heatmap(matrix), out["heatmap_html"], out["heatmap_png"])
-        chart_links["Sustained decode heatmap"] = str(Path(out["heatmap_png"]).relative_to(Path(out["md"]).parent))
+    charts.save(charts.decode_heatmap(matrix), out["heatmap_html"], out["heatmap_png"])
+    chart_links = {"Sustained decode heatmap": str(Path(out["heatmap_png"]).relative_to(Path(out["md"]).parent))}
     text = render(matrix, startups, lock, chart_links, exp.name, exp.raw.get("description", ""))
     write(out["md"], out["html"], text, exp.name)
     print(f"report: {out['md']}")

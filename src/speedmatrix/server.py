@@ -199,7 +199,8 @@ def run_broker(a: BrokerArgs) -> int:
     stop = {"reason": None}
 
     def on_signal(signum, _frame):
-        stop["reason"] = f"signal {signal.Signals(signum).name}"
+        if stop["reason"] is None:  # keep the first reason (e.g. the API server's death)
+            stop["reason"] = f"signal {signal.Signals(signum).name}"
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -222,7 +223,8 @@ def run_broker(a: BrokerArgs) -> int:
         try:
             _wait_ready(proc, a.url, a.startup_timeout_s, log_path)
         except (RuntimeError, TimeoutError) as exc:
-            atomic.write_json(state / "startup-error.json", {"start_id": start_id, "error": str(exc)})
+            atomic.write_json(state / "startup-error.json",
+                              {"start_id": start_id, "owner": a.owner, "error": str(exc)})
             return 2
         record = {
             "experiment": a.experiment,
@@ -275,7 +277,9 @@ def _lease_held(state: Path) -> bool:
     """A cell holds the server while it measures (the flock on ``lease``)."""
     try:
         with open(state / "lease", "rb") as fh:
-            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            # cells hold a shared lock while they measure: an exclusive try fails then
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fh, fcntl.LOCK_UN)
             return False
     except BlockingIOError:
         return True
@@ -345,7 +349,8 @@ def device_lock(results_root: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _healthy(info: dict) -> bool:
+def healthy(info: dict) -> bool:
+    """The broker and the API server of ``info`` are alive and ``/health`` answers 200."""
     if not pid_alive(int(info["broker_pid"])) or not pid_alive(int(info["vllm_pid"])):
         return False
     try:
@@ -405,11 +410,15 @@ def acquire(results_root: Path, experiment: str, server_id: str, launch: dict, i
     state_dir = results_root / experiment / "servers" / server_id
     with device_lock(results_root):
         info = _read(state_dir / "broker.json")
-        if info and not _healthy(info):
+        if info and not healthy(info):
             progress(f"server {server_id} (start {info.get('start_id')}) is not healthy: replacing it")
             stop_broker(state_dir, info)
             info = None
         if info is None:
+            failed = _read(state_dir / "startup-error.json")
+            if failed and failed.get("owner") and failed.get("owner") == os.environ.get(OWNER_ENV):
+                # one failed start per run: the other cells of this config fail fast
+                raise ServerError(f"server {server_id} failed to start earlier in this run: {failed['error']}")
             for other_dir, other in running_brokers(results_root):
                 if other_dir != state_dir:
                     progress(f"stopping server {other.get('server_id')} to free the device")
