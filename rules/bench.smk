@@ -15,6 +15,8 @@ rule cell:
     threads: workflow.cores
     resources:
         device=1,
+        # GPUs of the server config (tensor x pipeline parallel; 0 on a CPU runtime)
+        gpu=server_gpus,
     params:
         experiment=config["experiment"],
         experiments_dir=config["experiments_dir"],

@@ -1,6 +1,8 @@
 # Shared helpers: the experiment, its cells, and named input functions.
 import os
 
+from snakemake_interface_executor_plugins.settings import ExecMode
+
 from speedmatrix import experiment as sm_experiment
 from speedmatrix import runtimes as sm_runtimes
 from speedmatrix import server as sm_server
@@ -17,9 +19,10 @@ CELLS = EXP.cells()
 PACKAGES_SHA256 = sm_runtimes.packages_digest()
 IDLE_TIMEOUT_S = float(config.get("server_idle_timeout_s", 900))
 
-# The servers this workflow starts are owned by its main process: when it
-# ends, however it ends, their brokers stop them (docs/decisions/0001).
-if workflow.is_main_process:
+# The servers this workflow starts are owned by its main process (on a
+# cluster: by the Snakemake process that runs a group job in its allocation):
+# when it ends, however it ends, their brokers stop them (docs/decisions/0001).
+if workflow.is_main_process or workflow.exec_mode == ExecMode.REMOTE:
     os.environ[sm_server.OWNER_ENV] = sm_server.owner_token()
 
 
@@ -69,3 +72,7 @@ def cell_priority(wildcards):
     # All cells of one server config before the next config's: one server
     # start per config (the scheduler runs the highest priority first).
     return 10 * (len(SERVER_IDS) - SERVER_IDS.index(wildcards.server_id))
+
+
+def server_gpus(wildcards):
+    return EXP.server(wildcards.server_id).gpus

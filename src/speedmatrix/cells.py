@@ -11,9 +11,12 @@ run measures that cell again.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import aiohttp
@@ -140,6 +143,33 @@ def write(cell_json: str, requests_parquet: str, result: dict[str, Any], records
     atomic.write_json(cell_json, result)
 
 
+def measurement_key(cell: Cell, launch: dict[str, Any], lock: dict[str, Any], client_cfg: dict[str, Any]) -> str:
+    """What a measurement depends on: the cell, the exact server launch, the runtime, the client settings."""
+    basis = {
+        "cell": cell.as_dict(),
+        "argv": launch["argv"],
+        "env": launch["env"],
+        "models": launch["models"],
+        "packages_sha256": lock["packages_sha256"],
+        "client": client_cfg,
+    }
+    return hashlib.sha256(json.dumps(basis, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def store_paths(results_dir: Path, server_id: str, cell_id: str, key: str) -> tuple[Path, Path]:
+    base = results_dir / "store" / server_id / cell_id
+    return base / f"{key}.json", base / f"{key}.requests.parquet"
+
+
+def restore(stored_json: Path, stored_requests: Path, out_json: str, out_requests: str) -> bool:
+    """Copy a durable result into the cell's outputs (byte for byte); False if there is none."""
+    if not (stored_json.exists() and stored_requests.exists()):
+        return False
+    atomic.write_bytes(out_requests, stored_requests.read_bytes())
+    atomic.write_bytes(out_json, stored_json.read_bytes())
+    return True
+
+
 def provenance(startup: dict[str, Any], runtime_lock: dict[str, Any], launch: dict[str, Any]) -> dict[str, Any]:
     return {
         "speedmatrix_version": __version__,
@@ -157,9 +187,15 @@ def provenance(startup: dict[str, Any], runtime_lock: dict[str, Any], launch: di
 
 def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str,
         launch_path: str, lock_path: str, out_json: str, out_requests: str, idle_timeout_s: float) -> dict:
-    """The cell rule: acquire the server (starting it if needed), measure, write once."""
-    from pathlib import Path
+    """The cell rule: acquire the server (starting it if needed), measure, write once.
 
+    A good measurement is first written to the experiment's durable store
+    (``<results>/<experiment>/store/``, keyed by everything it depends on) and
+    then to the cell's outputs. If Snakemake removes the outputs of a cell
+    that had finished (it does so for every member of a failed group job on a
+    cluster), the next run restores them from the store instead of measuring
+    again, without starting a server.
+    """
     from . import experiment, server
 
     exp = experiment.load(experiment_name, experiments_dir)
@@ -171,6 +207,12 @@ def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str
     lock = atomic.read_json(lock_path)
     progress = print
     progress(f"cell {server_id}/{cell_id}: {cell.as_dict()}")
+    key = measurement_key(cell, launch, lock, exp.client)
+    stored_json, stored_requests = store_paths(Path(launch_path).resolve().parents[2], server_id, cell_id, key)
+    if restore(stored_json, stored_requests, out_json, out_requests):
+        progress(f"restored from the durable store {stored_json} (measured "
+                 f"{atomic.read_json(stored_json)['result'].get('started_at', 'earlier')}); not measured again")
+        return atomic.read_json(out_json)
     with server.acquire(results_root, exp.name, server_id, launch, idle_timeout_s, progress) as info:
         startup = info["startup"]
         progress(f"server {server_id} start {startup['start_id']} at {info['url']} "
@@ -192,7 +234,10 @@ def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str
         "result": result,
         "provenance": provenance(startup, lock, launch),
     }
+    doc["measurement_key"] = key
     ident = {"experiment": exp.name, "server_id": server_id, "cell_id": cell_id}
-    write(out_json, out_requests, doc, records, ident)
+    stored_json.parent.mkdir(parents=True, exist_ok=True)
+    write(str(stored_json), str(stored_requests), doc, records, ident)
+    restore(stored_json, stored_requests, out_json, out_requests)
     progress(f"done: status {result['status']}, output_throughput {result.get('output_throughput')}")
     return doc

@@ -82,6 +82,17 @@ class ServerConfig:
     speculative: dict[str, Any] | None
     startup_timeout_s: float
 
+    device: str = "gpu"
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one server of this config needs (0 on a CPU runtime)."""
+        if self.device == "cpu":
+            return 0
+        tp = int(self.args.get("tensor-parallel-size", 1))
+        pp = int(self.args.get("pipeline-parallel-size", 1))
+        return tp * pp
+
     @property
     def spec_tokens(self) -> int:
         return int(self.speculative["num_speculative_tokens"]) if self.speculative else 0
@@ -232,6 +243,7 @@ def load(name: str, experiments_dir: str | Path = "config/experiments") -> Exper
                 env={k: str(v) for k, v in merged.get("env", {}).items()},
                 speculative=merged.get("speculative"),
                 startup_timeout_s=float(merged.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S)),
+                device=raw["runtime"].get("device", "gpu"),
             )
         )
     return exp

@@ -50,6 +50,18 @@ POLL_S = 0.5
 STOP_GRACE_S = 15.0
 
 
+def device_scope() -> str:
+    """The devices a cell measures on: this host, or this host within one SLURM allocation.
+
+    Cells in one scope are serialized and share one server at a time; other
+    scopes (another node, another allocation) run in parallel.
+    """
+    scope = socket.gethostname()
+    if os.environ.get("SLURM_JOB_ID"):
+        scope += f"-slurm{os.environ['SLURM_JOB_ID']}"
+    return scope
+
+
 def owner_token() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -216,7 +228,8 @@ def run_broker(a: BrokerArgs) -> int:
                                 env=env, start_new_session=True)
     pgid = proc.pid
     live = {"broker_pid": os.getpid(), "vllm_pid": proc.pid, "pgid": pgid, "url": a.url,
-            "start_id": start_id, "owner": a.owner, "server_id": a.server_id}
+            "start_id": start_id, "owner": a.owner, "server_id": a.server_id,
+            "hostname": socket.gethostname(), "scope": device_scope()}
     atomic.write_json(state / "broker.starting.json", live)
     rc = 0
     try:
@@ -302,12 +315,16 @@ def _read(path: Path) -> dict | None:
         return None
 
 
-def running_brokers(results_root: Path) -> list[tuple[Path, dict]]:
+def running_brokers(results_root: Path, scope: str | None = None) -> list[tuple[Path, dict]]:
+    """Brokers on this host under ``results_root`` (only those of ``scope`` if given)."""
     out = []
     for state_dir in sorted(p for p in results_root.glob("*/servers/*") if p.is_dir()):
         info = _read(state_dir / "broker.json") or _read(state_dir / "broker.starting.json")
-        if info:
-            out.append((state_dir, info))
+        if not info or info.get("hostname", socket.gethostname()) != socket.gethostname():
+            continue  # another node's broker: its own allocation ends it
+        if scope is not None and info.get("scope") != scope:
+            continue
+        out.append((state_dir, info))
     return out
 
 
@@ -340,8 +357,9 @@ def stop_all(results_root: str | Path) -> int:
 
 @contextlib.contextmanager
 def device_lock(results_root: Path) -> Iterator[None]:
-    results_root.mkdir(parents=True, exist_ok=True)
-    with open(results_root / ".device.lock", "a+b") as fh:
+    lock_dir = results_root / ".devices"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f"{device_scope()}.lock", "a+b") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -419,7 +437,7 @@ def acquire(results_root: Path, experiment: str, server_id: str, launch: dict, i
             if failed and failed.get("owner") and failed.get("owner") == os.environ.get(OWNER_ENV):
                 # one failed start per run: the other cells of this config fail fast
                 raise ServerError(f"server {server_id} failed to start earlier in this run: {failed['error']}")
-            for other_dir, other in running_brokers(results_root):
+            for other_dir, other in running_brokers(results_root, scope=device_scope()):
                 if other_dir != state_dir:
                     progress(f"stopping server {other.get('server_id')} to free the device")
                     stop_broker(other_dir, other)

@@ -1,0 +1,142 @@
+"""The workflow on a real SLURM (a single-node cluster started by .ci/start-slurm).
+
+Marked ``slurm``: CI starts SLURM and runs these; they fail (never skip) when
+SLURM is not there, so a broken cluster set-up cannot pass silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO, wait_no_vllm
+from speedmatrix import experiment
+
+pytestmark = pytest.mark.slurm
+
+
+def slurm_cmd(work: Path, experiment_name: str, experiments_dir: Path | str = "config/experiments") -> list[str]:
+    import sys
+
+    return [
+        sys.executable, "-m", "snakemake", "--workflow-profile", "profiles/slurm",
+        "--config", f"experiment={experiment_name}", f"results_dir={work / 'results'}",
+        f"models_dir={work / 'models'}", f"experiments_dir={experiments_dir}",
+        "--default-resources", "slurm_partition=debug", "slurm_account=none", "runtime=30", "mem_mb=2000",
+        "--set-threads", "cell=2", "--set-resources", "cell:mem_mb=6000",
+        # the jobs run on this very host: the cluster's shared file system is the local disk
+        "--shared-fs-usage", "input-output", "persistence", "software-deployment", "source-cache", "sources",
+        "storage-local-copies",
+    ]
+
+
+@pytest.fixture(scope="module")
+def slurm_up():
+    if shutil.which("sinfo") is None:
+        pytest.fail("SLURM is not installed: run .ci/start-slurm (CI does) before `pytest -m slurm`")
+    out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True)
+    if out.returncode != 0 or not ({"idle", "mix", "alloc"} & set(out.stdout.split())):
+        pytest.fail(f"no SLURM node is up ({out.stdout.strip()} {out.stderr.strip()}): run .ci/start-slurm")
+
+
+def run(cmd, timeout=1500):
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def job_ids(res: Path) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for f in res.glob("cells/*/*.json"):
+        doc = json.loads(f.read_text())
+        out.setdefault(doc["cell"]["server_id"], set()).add(doc["provenance"]["scheduler"].get("SLURM_JOB_ID"))
+    return out
+
+
+def starts(res: Path) -> dict[str, int]:
+    return {f.parent.name: len(f.read_text().splitlines()) for f in res.glob("servers/*/starts.jsonl")}
+
+
+@pytest.fixture(scope="module")
+def slurm_run(slurm_up, tmp_path_factory):
+    work = tmp_path_factory.mktemp("slurm-tiny")
+    proc = run(slurm_cmd(work, "tiny-cpu"))
+    return work, proc
+
+
+def test_tiny_cpu_on_slurm(slurm_run):
+    work, proc = slurm_run
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    res = work / "results" / "tiny-cpu"
+    exp = experiment.load("tiny-cpu")
+    m = pd.read_parquet(res / "matrix.parquet")
+    assert len(m) == len(exp.cells())
+    assert (res / "report.md").exists() and (res / "charts/decode_heatmap.png").exists()
+    # one allocation per server config, a different one for each config
+    ids = job_ids(res)
+    assert set(ids) == {s.id for s in exp.servers}
+    assert all(len(v) == 1 and None not in v for v in ids.values()), ids
+    assert len({next(iter(v)) for v in ids.values()}) == len(ids)
+    assert starts(res) == {s.id: 1 for s in exp.servers}
+    assert m.slurm_job_id.notna().all()
+    assert wait_no_vllm(30) == []
+
+
+def test_failed_cell_is_rerun_alone_on_slurm(slurm_up, tmp_path):
+    exp_dir = tmp_path / "experiments"
+    exp_dir.mkdir()
+    data = yaml.safe_load((REPO / "config/experiments/tiny-cpu.yaml").read_text())
+    data["servers"] = [{"id": "base"}]
+    data["workloads"] = {"decode": {"contexts": [128], "concurrency": [1, 2, 4], "duration_s": 8, "max_tokens": 64}}
+    (exp_dir / "lifecycle.yaml").write_text(yaml.safe_dump(data))
+    res = tmp_path / "results" / "lifecycle"
+    proc = subprocess.Popen(slurm_cmd(tmp_path, "lifecycle", exp_dir), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    victim = None
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and victim is None:
+            done = {p.stem for p in res.glob("store/base/*/*.json")}
+            for log in res.glob("logs/cells/base/*.log"):
+                if len(list(res.glob("store/base/*/*.json"))) >= 1 and log.stem not in {
+                        p.parent.name for p in res.glob("store/base/*/*.json")} and "decode:" in log.read_text():
+                    victim = log.stem
+            time.sleep(0.3)
+        assert victim, "no second cell started"
+        stored = {p: p.read_bytes() for p in res.glob("store/base/*/*")}
+        broker = json.loads((res / "servers/base/broker.json").read_text())
+        time.sleep(1.0)
+        os.kill(broker["vllm_pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert wait_no_vllm(60) == []
+    first_jobs = job_ids(res)
+    # the durable store kept every finished measurement, byte for byte
+    for p, data in stored.items():
+        assert p.read_bytes() == data
+    assert not any(p.parent.name == victim for p in res.glob("store/base/*/*.json"))
+
+    again = run(slurm_cmd(tmp_path, "lifecycle", exp_dir))
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert wait_no_vllm(60) == []
+    m = pd.read_parquet(res / "matrix.parquet")
+    assert len(m) == 3 and set(m.status) <= {"valid", "looped"}
+    # only the failed cell was measured again: the others are the stored bytes
+    for p, data in stored.items():
+        assert p.read_bytes() == data
+    redone = json.loads((res / "cells/base" / f"{victim}.json").read_text())
+    assert redone["provenance"]["scheduler"]["SLURM_JOB_ID"] not in first_jobs.get("base", set())
+    # one new server start for the one cell that was measured again
+    starts_after = starts(res)["base"]
+    assert starts_after == len({json.loads(p.read_text())["provenance"]["server_start_id"]
+                                for p in res.glob("store/base/*/*.json")}) or starts_after >= 2
