@@ -11,6 +11,11 @@ EXPERIMENT ?= tiny-cpu
 TORCH_INDEX ?=
 PIP_PIN := 26.3
 SNAKEMAKE_ARGS ?=
+# profiles/<PROFILE>: default (this machine) or slurm (a SLURM cluster, docs/cluster.md)
+PROFILE ?= default
+# The `slurm` tests need a running SLURM (.ci/start-slurm starts one); CI sets SLURM=1.
+SLURM ?= 0
+PYTEST_MARK := $(if $(filter 1,$(SLURM)),,-m "not slurm")
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.speedmatrix-installed
@@ -19,10 +24,15 @@ PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 .PHONY: run test install plan lint clean-results stop
 
 run: $(STAMP)
-	$(BIN)/snakemake --profile profiles/default --config experiment=$(EXPERIMENT) $(SNAKEMAKE_ARGS)
+	$(BIN)/snakemake --workflow-profile profiles/$(PROFILE) --config experiment=$(EXPERIMENT) $(SNAKEMAKE_ARGS)
+
+# What would run, with the job counts; starts nothing.
+plan: $(STAMP)
+	$(BIN)/snakemake --workflow-profile profiles/$(PROFILE) --config experiment=$(EXPERIMENT) \
+		--dry-run --quiet rules $(SNAKEMAKE_ARGS)
 
 test: $(STAMP)
-	$(BIN)/pytest -ra $(PYTEST_ARGS)
+	$(BIN)/pytest -ra $(PYTEST_MARK) $(PYTEST_ARGS)
 
 install: $(STAMP)
 

@@ -11,8 +11,10 @@ rule cell:
     conda:
         "../envs/speedmatrix.yaml"
     # the whole machine: nothing else of the workflow runs while a cell
-    # measures (a loop job on a shared core skews a CPU server's timings)
-    threads: workflow.cores
+    # measures (a loop job on a shared core skews a CPU server's timings).
+    # Snakemake scales this down to --cores locally; profiles/slurm sets the
+    # CPUs of a cluster allocation (set-threads).
+    threads: 1024
     resources:
         device=1,
         # GPUs of the server config (tensor x pipeline parallel; 0 on a CPU runtime)

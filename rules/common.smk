@@ -23,7 +23,7 @@ IDLE_TIMEOUT_S = float(config.get("server_idle_timeout_s", 900))
 # cluster: by the Snakemake process that runs a group job in its allocation):
 # when it ends, however it ends, their brokers stop them (docs/decisions/0001).
 if workflow.is_main_process or workflow.exec_mode == ExecMode.REMOTE:
-    os.environ[sm_server.OWNER_ENV] = sm_server.owner_token()
+    sm_server.claim_ownership(workflow.is_main_process)
 
 
 wildcard_constraints:

@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -64,6 +65,23 @@ def device_scope() -> str:
 
 def owner_token() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+OWNER_SCOPE_ENV = "SPEEDMATRIX_OWNER_SCOPE"
+
+
+def claim_ownership(main_process: bool) -> None:
+    """Make this process the owner of the servers its jobs start.
+
+    The workflow's main process always claims. On a cluster, the Snakemake
+    process that runs a group job inside an allocation claims too (its scope,
+    host plus allocation, differs from the inherited one); the per-job
+    Snakemake processes it starts inside the same allocation do not, so a
+    server lives as long as the group, not as long as one cell's step.
+    """
+    if main_process or os.environ.get(OWNER_SCOPE_ENV) != device_scope():
+        os.environ[OWNER_ENV] = owner_token()
+        os.environ[OWNER_SCOPE_ENV] = device_scope()
 
 
 def _owner_alive(token: str | None) -> bool:
@@ -171,6 +189,7 @@ class BrokerArgs:
     owner: str | None
     server_id: str
     experiment: str
+    token: str = ""
 
 
 def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Path) -> None:
@@ -227,7 +246,7 @@ def run_broker(a: BrokerArgs) -> int:
         proc = subprocess.Popen(a.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
     pgid = proc.pid
-    live = {"broker_pid": os.getpid(), "vllm_pid": proc.pid, "pgid": pgid, "url": a.url,
+    live = {"broker_pid": os.getpid(), "vllm_pid": proc.pid, "pgid": pgid, "url": a.url, "token": a.token,
             "start_id": start_id, "owner": a.owner, "server_id": a.server_id,
             "hostname": socket.gethostname(), "scope": device_scope()}
     atomic.write_json(state / "broker.starting.json", live)
@@ -377,6 +396,19 @@ def healthy(info: dict) -> bool:
         return False
 
 
+def broker_command() -> list[str]:
+    """The broker's argv. Inside a SLURM allocation it is a job step of its own
+    (``srun --overlap --whole``): it outlives the cell's step that started it
+    (on clusters that track a step's processes by cgroup, a plain child would
+    end with that step), has the node's whole allocation (CPUs, GPUs, memory),
+    and SLURM ends it with the allocation at the latest."""
+    cmd = [sys.executable, "-m", "speedmatrix.server"]
+    if os.environ.get("SLURM_JOB_ID") and shutil.which("srun"):
+        cmd = ["srun", "--overlap", "--whole", "--nodes=1", "--ntasks=1", f"--nodelist={socket.gethostname()}",
+               "--job-name=speedmatrix-server", "--input=0", *cmd]
+    return cmd
+
+
 def start_broker(state_dir: Path, argv_without_port: list[str], port_index: int, host: str, port: int,
                  env: dict[str, str], startup_timeout_s: float, idle_timeout_s: float, server_id: str,
                  experiment: str, progress=print) -> dict:
@@ -387,24 +419,25 @@ def start_broker(state_dir: Path, argv_without_port: list[str], port_index: int,
     for name in ("startup-error.json", "broker.json"):
         with contextlib.suppress(FileNotFoundError):
             (state_dir / name).unlink()
+    token = uuid.uuid4().hex
     spec = {"state_dir": str(state_dir), "argv": argv, "env": env, "url": url,
             "startup_timeout_s": startup_timeout_s, "idle_timeout_s": idle_timeout_s,
-            "owner": os.environ.get(OWNER_ENV), "server_id": server_id, "experiment": experiment}
+            "owner": os.environ.get(OWNER_ENV), "server_id": server_id, "experiment": experiment,
+            "token": token}
     state_dir.mkdir(parents=True, exist_ok=True)
     progress(f"starting server {server_id} at {url}")
     # the spec goes through a pipe, not a file: the argv may hold a secret (--api-key)
     broker_env = {k: v for k, v in os.environ.items() if k not in JOB_THREAD_VARS}
     with open(state_dir / "broker.log", "ab") as blog:
-        broker = subprocess.Popen([sys.executable, "-m", "speedmatrix.server"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.DEVNULL, stderr=blog, start_new_session=True,
-                                  env=broker_env)
+        broker = subprocess.Popen(broker_command(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                  stderr=blog, start_new_session=True, env=broker_env)
     broker.stdin.write(json.dumps(spec).encode())
     broker.stdin.close()
     t0 = time.monotonic()
     last = 0.0
     while True:
         info = _read(state_dir / "broker.json")
-        if info and info.get("broker_pid") == broker.pid:
+        if info and info.get("token") == token:
             progress(f"server {server_id} ready after {time.monotonic() - t0:.1f} s")
             return info
         if broker.poll() is not None:
@@ -461,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     return run_broker(BrokerArgs(state_dir=Path(spec["state_dir"]), argv=spec["argv"], env=spec["env"],
                                  url=spec["url"], startup_timeout_s=spec["startup_timeout_s"],
                                  idle_timeout_s=spec["idle_timeout_s"], owner=spec["owner"],
-                                 server_id=spec["server_id"], experiment=spec["experiment"]))
+                                 server_id=spec["server_id"], experiment=spec["experiment"],
+                                 token=spec.get("token", "")))
 
 
 if __name__ == "__main__":
