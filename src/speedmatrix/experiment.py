@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +24,12 @@ class ConfigError(ValueError):
     """Bad input: the message names the file and the key, and says what to do."""
 
 
+SCHEMA_DIR = Path(__file__).resolve().parents[2] / "config" / "schemas"
+
+
 def schema_path(name: str) -> Path:
-    """Schemas live in config/schemas; also shipped in the package for the CLI."""
-    repo = Path(__file__).resolve().parents[2] / "config" / "schemas" / f"{name}.schema.yaml"
-    if repo.exists():
-        return repo
-    return Path(str(resources.files("speedmatrix.data").joinpath(f"{name}.schema.yaml")))
+    """The JSON schemas live in the workflow's config/schemas (the package is installed editable from it)."""
+    return SCHEMA_DIR / f"{name}.schema.yaml"
 
 
 def _key_path(path) -> str:
