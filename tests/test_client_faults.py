@@ -48,3 +48,21 @@ def test_closed_loop_stops_at_the_window_end():
     _, recs = asyncio.run(go())
     assert time.monotonic() - t0 < 5
     assert len(recs) == 3 and all(r.cut_at_window_end for r in recs)
+
+
+def test_fixed_count_keeps_concurrency_and_counts_every_request():
+    from speedmatrix import stats
+    from speedmatrix.client import fixed_count
+
+    async def go():
+        async with TestServer(app()) as srv:
+            url = str(srv.make_url("")).rstrip("/")
+            return await fixed_count(url, "ok", lambda i: [1, 2, 3], requests=10, concurrency=3, max_tokens=8)
+    wall, recs = asyncio.run(go())
+    assert [r.index for r in recs] == list(range(10))
+    assert {r.worker for r in recs} == {0, 1, 2}
+    s = stats.fixed(recs, wall)
+    assert s["completed"] == 10 and s["total_output_tokens"] == 80
+    assert s["output_throughput"] == 80 / wall
+    assert 2.0 <= s["avg_active_requests"] <= 3.0
+    assert s["p95_ttft_ms"] >= s["median_ttft_ms"] > 0

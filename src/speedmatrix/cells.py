@@ -83,10 +83,22 @@ async def measure(
         )
         figures = stats.decode(records, cell.duration_s)
     elif cell.workload == "prefill":
-        progress(f"prefill: {cell.repeats} single requests at context {cell.context_tokens}")
-        ps = [source.prompt(i, cell.context_tokens, salt) for i in range(cell.repeats)]
+        progress(f"prefill: {cell.requests} single requests at context {cell.context_tokens}")
+        ps = [source.prompt(i, cell.context_tokens, salt) for i in range(cell.requests)]
         records = await client.sequential(url, model, ps, max_tokens=1, stall_timeout_s=stall)
         figures = stats.prefill(records, cell.context_tokens)
+    elif cell.workload == "latency":
+        progress(f"latency: {cell.requests} requests one at a time, context {cell.context_tokens}")
+        ps = [source.prompt(i, cell.context_tokens, salt) for i in range(cell.requests)]
+        t0 = time.monotonic()
+        records = await client.sequential(url, model, ps, cell.max_tokens, stall, ignore_eos)
+        figures = stats.fixed(records, time.monotonic() - t0)
+    elif cell.workload == "capacity":
+        progress(f"capacity: {cell.requests} requests, {cell.concurrency} at once, context {cell.context_tokens}, "
+                 f"cap {cell.max_tokens} tokens")
+        wall, records = await client.fixed_count(url, model, lambda i: source.prompt(i, cell.context_tokens, salt),
+                                                 cell.requests, cell.concurrency, cell.max_tokens, stall, ignore_eos)
+        figures = stats.fixed(records, wall)
     else:
         raise CellError(f"unknown workload {cell.workload!r}")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:

@@ -21,9 +21,10 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     from . import atomic, cells
     from .experiment import Cell
 
-    cell = Cell(server_id="manual", workload=ns.workload, context_tokens=ns.context, concurrency=ns.concurrency,
-                max_tokens=ns.max_tokens if ns.workload == "decode" else 1,
-                duration_s=ns.duration if ns.workload == "decode" else None, repeats=ns.requests)
+    cell = Cell(server_id="manual", workload=ns.workload, context_tokens=ns.context,
+                concurrency=1 if ns.workload in ("prefill", "latency") else ns.concurrency,
+                max_tokens=1 if ns.workload == "prefill" else ns.max_tokens,
+                duration_s=ns.duration if ns.workload == "decode" else None, requests=ns.requests)
     client_cfg = {"stall_timeout_s": ns.stall_timeout, "ignore_eos": ns.ignore_eos, "seed": ns.seed}
     result, records = asyncio.run(cells.measure(cell, ns.url.rstrip("/"), ns.model, client_cfg,
                                                 progress=lambda m: print(m, file=sys.stderr)))
@@ -91,11 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "OPENAI_API_KEY (never from the command line, so it stays out of shell history and logs).")
     b.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     b.add_argument("--model", required=True, help="served model name")
-    b.add_argument("--workload", choices=["prefill", "decode"], default="decode")
+    b.add_argument("--workload", choices=["prefill", "decode", "capacity", "latency"], default="decode",
+                   help="prefill: TTFT and prompt tok/s, one request at a time; decode: a closed loop of "
+                   "--concurrency requests for --duration seconds; capacity: --requests requests, --concurrency "
+                   "at once; latency: --requests requests one at a time")
     b.add_argument("--context", type=int, required=True, help="prompt length in tokens (sized by the server's "
                    "/tokenize)")
     b.add_argument("--concurrency", type=int, default=1, help="requests in flight (decode)")
-    b.add_argument("--requests", type=int, default=3, help="requests (prefill)")
+    b.add_argument("--requests", type=int, default=3, help="requests (prefill, capacity, latency)")
     b.add_argument("--duration", type=float, default=30.0, help="measurement window in seconds (decode)")
     b.add_argument("--max-tokens", type=int, default=4096, help="output cap per request")
     b.add_argument("--ignore-eos", action="store_true", help="generate past the model's end (recorded)")

@@ -199,12 +199,48 @@ async def closed_loop(
     return t0, records
 
 
+async def fixed_count(
+    base_url: str,
+    model: str,
+    make_prompt: Callable[[int], list[int]],
+    requests: int,
+    concurrency: int,
+    max_tokens: int,
+    stall_timeout_s: float = 60.0,
+    ignore_eos: bool = False,
+) -> tuple[float, list[RequestRecord]]:
+    """A fixed number of requests, at most ``concurrency`` in flight (capacity cells).
+
+    Returns (wall seconds from the first send to the last end, records).
+    """
+    records: list[RequestRecord] = []
+    queue = iter(range(requests))
+    conn = aiohttp.TCPConnector(limit=concurrency + 4)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None,
+                                                                                  sock_connect=30)) as session:
+        t0 = time.monotonic()
+
+        async def worker(w: int) -> None:
+            for i in queue:
+                prompt = make_prompt(i)
+                rec = RequestRecord(index=i, worker=w, prompt_tokens=len(prompt), start=time.monotonic() - t0)
+                records.append(rec)
+                await stream_completion(session, base_url, model, prompt, max_tokens, rec, t0, stall_timeout_s,
+                                        None, ignore_eos)
+
+        await asyncio.gather(*(worker(w) for w in range(min(concurrency, requests))))
+        wall = time.monotonic() - t0
+    records.sort(key=lambda r: r.index)
+    return wall, records
+
+
 async def sequential(
     base_url: str,
     model: str,
     prompts: list[list[int]],
     max_tokens: int,
     stall_timeout_s: float = 60.0,
+    ignore_eos: bool = False,
 ) -> list[RequestRecord]:
     """One request at a time (prefill and latency cells)."""
     out = []
@@ -212,6 +248,7 @@ async def sequential(
         for i, prompt in enumerate(prompts):
             t0 = time.monotonic()
             rec = RequestRecord(index=i, worker=0, prompt_tokens=len(prompt), start=0.0)
-            await stream_completion(session, base_url, model, prompt, max_tokens, rec, t0, stall_timeout_s)
+            await stream_completion(session, base_url, model, prompt, max_tokens, rec, t0, stall_timeout_s,
+                                    None, ignore_eos)
             out.append(rec)
     return out

@@ -105,12 +105,12 @@ class Cell:
     concurrency: int
     max_tokens: int
     duration_s: float | None = None
-    repeats: int = 1
+    requests: int = 1  # prefill, capacity, latency: how many requests the cell sends
 
     @property
     def id(self) -> str:
-        if self.workload == "prefill":
-            return f"prefill-ctx{self.context_tokens}"
+        if self.workload in ("prefill", "latency"):
+            return f"{self.workload}-ctx{self.context_tokens}"
         return f"{self.workload}-ctx{self.context_tokens}-c{self.concurrency}"
 
     def as_dict(self) -> dict[str, Any]:
@@ -122,7 +122,7 @@ class Cell:
             "concurrency": self.concurrency,
             "max_tokens": self.max_tokens,
             "duration_s": self.duration_s,
-            "repeats": self.repeats,
+            "requests": self.requests,
         }
 
 
@@ -159,7 +159,16 @@ class Experiment:
                 continue
             if "prefill" in wl:
                 for ctx in wl["prefill"]["contexts"]:
-                    out.append(Cell(srv.id, "prefill", ctx, 1, 1, repeats=wl["prefill"].get("repeats", 3)))
+                    out.append(Cell(srv.id, "prefill", ctx, 1, 1, requests=wl["prefill"].get("repeats", 3)))
+            if "latency" in wl:
+                lat = wl["latency"]
+                for ctx in lat["contexts"]:
+                    out.append(Cell(srv.id, "latency", ctx, 1, lat["max_tokens"], requests=lat["requests"]))
+            if "capacity" in wl:
+                cap = wl["capacity"]
+                for ctx in cap["contexts"]:
+                    for conc in cap["concurrency"]:
+                        out.append(Cell(srv.id, "capacity", ctx, conc, cap["max_tokens"], requests=cap["requests"]))
             if "decode" in wl:
                 d = wl["decode"]
                 for ctx in d["contexts"]:

@@ -75,11 +75,12 @@ def full_table(m: pd.DataFrame) -> str:
             "Time between tokens | Average active requests | Completed requests | Output tokens | Measured for | "
             "Loop fraction |")
     lines = [head, "|---" * 13 + "|"]
-    order = {"prefill": 0, "decode": 1}
+    order = {"prefill": 0, "latency": 1, "decode": 2, "capacity": 3}
     m = m.assign(_o=m["workload"].map(order)).sort_values(["_o", "context_tokens", "concurrency"])
     for r in m.itertuples():
         measured = r.status not in ("over_capacity",)
-        phase = "Prefill" if r.workload == "prefill" else "Sustained decode"
+        phase = {"prefill": "Prefill", "decode": "Sustained decode", "capacity": "Capacity",
+                 "latency": "Latency"}.get(r.workload, r.workload)
         tok = r.prompt_tok_s if r.workload == "prefill" else r.total_tok_s
         lines.append("| " + " | ".join([
             phase, fmt_ctx(int(r.context_tokens)), str(int(r.concurrency)), STATUS_LABEL.get(r.status, r.status),

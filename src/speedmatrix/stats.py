@@ -27,6 +27,7 @@ def _dist(prefix: str, values_s: list[float]) -> dict[str, float | None]:
         f"mean_{prefix}_ms": _ms(float(np.mean(values_s))) if values_s else None,
         f"median_{prefix}_ms": _ms(_pct(values_s, 50)),
         f"p90_{prefix}_ms": _ms(_pct(values_s, 90)),
+        f"p95_{prefix}_ms": _ms(_pct(values_s, 95)),
         f"p99_{prefix}_ms": _ms(_pct(values_s, 99)),
     }
 
@@ -93,6 +94,35 @@ def decode(records: list[RequestRecord], duration_s: float) -> dict[str, Any]:
         **itl,
     }
     return out
+
+
+def fixed(records: list[RequestRecord], wall_s: float) -> dict[str, Any]:
+    """A fixed set of requests (capacity and latency cells): everything over the wall time it took."""
+    ok = [r for r in records if not r.error]
+    tokens = sum(r.output_tokens for r in ok)
+    ttfts = [r.first_token - r.start for r in ok if r.first_token is not None]
+    rates = [x for x in (request_rate(r) for r in ok) if x is not None]
+    errors: dict[str, int] = {}
+    for r in records:
+        if r.error:
+            errors[r.error.split(":")[0]] = errors.get(r.error.split(":")[0], 0) + 1
+    return {
+        "duration": wall_s,
+        "measured_s": wall_s,
+        "num_requests": len(records),
+        "completed": len(ok),
+        "failed": len(records) - len(ok),
+        "errors_by_kind": errors,
+        "total_input_tokens": sum(r.prompt_tokens for r in ok),
+        "total_output_tokens": tokens,
+        "request_throughput": len(ok) / wall_s if wall_s > 0 else None,
+        "output_throughput": tokens / wall_s if wall_s > 0 else None,
+        "per_request_tok_s": float(np.mean(rates)) if rates else None,
+        "avg_active_requests": active_integral(records, wall_s) / wall_s if wall_s > 0 else None,
+        **_dist("ttft", ttfts),
+        **{k.replace("itl", "tbt"): v for k, v in _dist("itl", [g for r in ok for g in token_gaps(r)]).items()},
+        **_dist("itl", [g for r in ok for g in chunk_gaps(r)]),
+    }
 
 
 def prefill(records: list[RequestRecord], context_tokens: int) -> dict[str, Any]:
