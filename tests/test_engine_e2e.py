@@ -228,3 +228,27 @@ def test_killed_snakemake_leaves_nothing_running(one_server, tmp_path, no_vllm_b
             proc.kill()
     # the cell job itself may linger until its requests fail; the server must go
     assert wait_no_vllm(60) == []
+
+
+def test_capacity_and_latency_cells(tmp_path, no_vllm_before):
+    d = tmp_path / "experiments"
+    d.mkdir()
+    data = yaml.safe_load((REPO / "config/experiments/tiny-cpu.yaml").read_text())
+    data["servers"] = [{"id": "base"}]
+    data["workloads"] = {"capacity": {"contexts": [128], "concurrency": [1, 8], "requests": 16, "max_tokens": 32},
+                         "latency": {"contexts": [128, 512], "requests": 2, "max_tokens": 16}}
+    (d / "kinds.yaml").write_text(yaml.safe_dump(data))
+    proc = run_snakemake(tmp_path, experiment="kinds", experiments_dir=d)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert wait_no_vllm(30) == []
+    m = pd.read_parquet(tmp_path / "results/kinds/matrix.parquet").set_index("cell_id")
+    assert set(m.index) == {"capacity-ctx128-c1", "capacity-ctx128-c8", "latency-ctx128", "latency-ctx512"}
+    cap = m.loc[["capacity-ctx128-c1", "capacity-ctx128-c8"]]
+    assert (cap.num_requests == 16).all() and (cap.completed_requests == 16).all()
+    # every request ran to its cap (or its natural end) and the server counted the same tokens
+    assert (cap.output_tokens == cap.server_generation_tokens).all()
+    assert cap.loc["capacity-ctx128-c8", "avg_active_requests"] > cap.loc["capacity-ctx128-c1", "avg_active_requests"]
+    lat = m.loc[["latency-ctx128", "latency-ctx512"]]
+    assert (lat.num_requests == 2).all() and (lat.ttft_ms > 0).all()
+    assert (lat.avg_active_requests <= 1.0).all()
+    assert "Capacity" in (tmp_path / "results/kinds/report.md").read_text()
