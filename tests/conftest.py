@@ -58,6 +58,23 @@ def run_snakemake(workdir: Path, *extra: str, timeout: float = 1500, **kw) -> su
                           timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+# cells long enough to kill something during one
+LIFECYCLE_WORKLOADS = {"decode": {"contexts": [128], "concurrency": [1, 2, 4], "duration_s": 8, "max_tokens": 64}}
+
+
+def one_server_experiment(tmp_path: Path, name: str, workloads: dict) -> Path:
+    """Write ``<tmp>/experiments/<name>.yaml``: tiny-cpu with only its ``base`` server and these workloads."""
+    import yaml
+
+    d = tmp_path / "experiments"
+    d.mkdir(exist_ok=True)
+    data = yaml.safe_load((REPO / "config/experiments/tiny-cpu.yaml").read_text())
+    data["servers"] = [{"id": "base"}]
+    data["workloads"] = workloads
+    (d / f"{name}.yaml").write_text(yaml.safe_dump(data))
+    return d
+
+
 @pytest.fixture(scope="session")
 def no_vllm_before():
     left = vllm_processes()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -17,9 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
-from conftest import REPO, run_snakemake, snakemake_cmd, vllm_processes, wait_no_vllm
+from conftest import (LIFECYCLE_WORKLOADS, REPO, one_server_experiment, run_snakemake, snakemake_cmd,
+                      wait_no_vllm)
 from speedmatrix import experiment
 from speedmatrix.aggregate import MATRIX_COLUMNS
 
@@ -134,14 +133,7 @@ def test_second_run_has_nothing_to_do(full_run):
 @pytest.fixture
 def one_server(tmp_path):
     """A one-server experiment with cells long enough to kill something during one."""
-    d = tmp_path / "experiments"
-    d.mkdir()
-    data = yaml.safe_load((REPO / "config/experiments/tiny-cpu.yaml").read_text())
-    data["servers"] = [{"id": "base"}]
-    data["workloads"] = {"decode": {"contexts": [128], "concurrency": [1, 2, 4], "duration_s": 8,
-                                    "max_tokens": 64}}
-    (d / "lifecycle.yaml").write_text(yaml.safe_dump(data))
-    return d
+    return one_server_experiment(tmp_path, "lifecycle", LIFECYCLE_WORKLOADS)
 
 
 def wait_for(pred, timeout_s, what):
@@ -231,13 +223,9 @@ def test_killed_snakemake_leaves_nothing_running(one_server, tmp_path, no_vllm_b
 
 
 def test_capacity_and_latency_cells(tmp_path, no_vllm_before):
-    d = tmp_path / "experiments"
-    d.mkdir()
-    data = yaml.safe_load((REPO / "config/experiments/tiny-cpu.yaml").read_text())
-    data["servers"] = [{"id": "base"}]
-    data["workloads"] = {"capacity": {"contexts": [128], "concurrency": [1, 8], "requests": 16, "max_tokens": 32},
-                         "latency": {"contexts": [128, 512], "requests": 2, "max_tokens": 16}}
-    (d / "kinds.yaml").write_text(yaml.safe_dump(data))
+    d = one_server_experiment(tmp_path, "kinds", {
+        "capacity": {"contexts": [128], "concurrency": [1, 8], "requests": 16, "max_tokens": 32},
+        "latency": {"contexts": [128, 512], "requests": 2, "max_tokens": 16}})
     proc = run_snakemake(tmp_path, experiment="kinds", experiments_dir=d)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert wait_no_vllm(30) == []

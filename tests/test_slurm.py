@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
-from conftest import REPO, wait_no_vllm
+from conftest import LIFECYCLE_WORKLOADS, REPO, one_server_experiment, wait_no_vllm
 from speedmatrix import experiment
 
 pytestmark = pytest.mark.slurm
@@ -91,12 +90,7 @@ def test_tiny_cpu_on_slurm(slurm_run):
 
 
 def test_failed_cell_is_rerun_alone_on_slurm(slurm_up, tmp_path):
-    exp_dir = tmp_path / "experiments"
-    exp_dir.mkdir()
-    data = yaml.safe_load((REPO / "config/experiments/tiny-cpu.yaml").read_text())
-    data["servers"] = [{"id": "base"}]
-    data["workloads"] = {"decode": {"contexts": [128], "concurrency": [1, 2, 4], "duration_s": 8, "max_tokens": 64}}
-    (exp_dir / "lifecycle.yaml").write_text(yaml.safe_dump(data))
+    exp_dir = one_server_experiment(tmp_path, "lifecycle", LIFECYCLE_WORKLOADS)
     res = tmp_path / "results" / "lifecycle"
     # no retry: the failure must reach the end of this run (with the profile's retry the
     # resubmitted group restores the finished cells and measures the failed one at once)

@@ -222,9 +222,10 @@ def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str
     key = measurement_key(cell, launch, lock, exp.client)
     stored_json, stored_requests = store_paths(Path(launch_path).resolve().parents[2], server_id, cell_id, key)
     if restore(stored_json, stored_requests, out_json, out_requests):
+        doc = atomic.read_json(out_json)
         progress(f"restored from the durable store {stored_json} (measured "
-                 f"{atomic.read_json(stored_json)['result'].get('started_at', 'earlier')}); not measured again")
-        return atomic.read_json(out_json)
+                 f"{doc['result'].get('started_at', 'earlier')}); not measured again")
+        return doc
     with server.acquire(results_root, exp.name, server_id, launch, idle_timeout_s, progress) as info:
         startup = info["startup"]
         progress(f"server {server_id} start {startup['start_id']} at {info['url']} "

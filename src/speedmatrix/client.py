@@ -150,6 +150,13 @@ async def stream_completion(
     return record
 
 
+def _session(concurrency: int) -> aiohttp.ClientSession:
+    """One HTTP session for a cell: a connection per request in flight, no overall timeout
+    (a request ends by its own stall timeout or the cell's window)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency + 4),
+                                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+
+
 async def closed_loop(
     base_url: str,
     model: str,
@@ -165,9 +172,7 @@ async def closed_loop(
     a finished request is replaced at once. Returns (t0, records)."""
     records: list[RequestRecord] = []
     counter = iter(range(10**9))
-    conn = aiohttp.TCPConnector(limit=concurrency + 4)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
-    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+    async with _session(concurrency) as session:
         t0 = time.monotonic()
         deadline = t0 + duration_s
 
@@ -215,9 +220,7 @@ async def fixed_count(
     """
     records: list[RequestRecord] = []
     queue = iter(range(requests))
-    conn = aiohttp.TCPConnector(limit=concurrency + 4)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None,
-                                                                                  sock_connect=30)) as session:
+    async with _session(concurrency) as session:
         t0 = time.monotonic()
 
         async def worker(w: int) -> None:
@@ -244,7 +247,7 @@ async def sequential(
 ) -> list[RequestRecord]:
     """One request at a time (prefill and latency cells)."""
     out = []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)) as session:
+    async with _session(1) as session:
         for i, prompt in enumerate(prompts):
             t0 = time.monotonic()
             rec = RequestRecord(index=i, worker=0, prompt_tokens=len(prompt), start=0.0)

@@ -7,6 +7,7 @@ Key names follow ``vllm bench serve`` where the quantity is the same
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Iterable
 
 import numpy as np
@@ -62,6 +63,12 @@ def active_integral(records: Iterable[RequestRecord], window_end: float) -> floa
     return total
 
 
+def errors_by_kind(records: Iterable[RequestRecord]) -> dict[str, int]:
+    """Failed requests counted by the kind of their error (the text before the first colon)."""
+    kinds = Counter(r.error.split(":")[0] for r in records if r.error)
+    return dict(kinds)
+
+
 def decode(records: list[RequestRecord], duration_s: float) -> dict[str, Any]:
     """Sustained decode over the window [0, duration_s] (seconds since t0)."""
     window_tokens = sum(n for r in records for t, n in zip(r.chunk_times, r.chunk_tokens) if t <= duration_s)
@@ -71,10 +78,6 @@ def decode(records: list[RequestRecord], duration_s: float) -> dict[str, Any]:
     gaps = [g for r in records for g in token_gaps(r)]
     cgaps = [g for r in records for g in chunk_gaps(r)]
     rates = [x for x in (request_rate(r) for r in records) if x is not None]
-    errors: dict[str, int] = {}
-    for r in failed:
-        key = r.error.split(":")[0]
-        errors[key] = errors.get(key, 0) + 1
     itl = _dist("itl", cgaps)
     out = {
         "duration": duration_s,
@@ -82,7 +85,7 @@ def decode(records: list[RequestRecord], duration_s: float) -> dict[str, Any]:
         "num_requests": len(records),
         "completed": len(completed),
         "failed": len(failed),
-        "errors_by_kind": errors,
+        "errors_by_kind": errors_by_kind(records),
         "total_output_tokens": int(window_tokens),
         "output_throughput": window_tokens / duration_s if duration_s > 0 else None,
         "per_request_tok_s": float(np.mean(rates)) if rates else None,
@@ -102,17 +105,13 @@ def fixed(records: list[RequestRecord], wall_s: float) -> dict[str, Any]:
     tokens = sum(r.output_tokens for r in ok)
     ttfts = [r.first_token - r.start for r in ok if r.first_token is not None]
     rates = [x for x in (request_rate(r) for r in ok) if x is not None]
-    errors: dict[str, int] = {}
-    for r in records:
-        if r.error:
-            errors[r.error.split(":")[0]] = errors.get(r.error.split(":")[0], 0) + 1
     return {
         "duration": wall_s,
         "measured_s": wall_s,
         "num_requests": len(records),
         "completed": len(ok),
         "failed": len(records) - len(ok),
-        "errors_by_kind": errors,
+        "errors_by_kind": errors_by_kind(records),
         "total_input_tokens": sum(r.prompt_tokens for r in ok),
         "total_output_tokens": tokens,
         "request_throughput": len(ok) / wall_s if wall_s > 0 else None,
