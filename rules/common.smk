@@ -15,6 +15,7 @@ except sm_experiment.ConfigError as err:
 RESULTS = f"{config['results_dir']}/{EXP.name}"
 MODELS = config["models_dir"]
 SERVER_IDS = [s.id for s in EXP.servers]
+WORKLOADS = sm_experiment.WORKLOADS
 CELLS = EXP.cells()
 PACKAGES_SHA256 = sm_runtimes.packages_digest()
 IDLE_TIMEOUT_S = float(config.get("server_idle_timeout_s", 900))
@@ -28,7 +29,9 @@ if workflow.is_main_process or workflow.exec_mode == ExecMode.REMOTE:
 
 wildcard_constraints:
     server_id="[A-Za-z0-9][A-Za-z0-9_.-]*",
-    cell_id="[a-z_]+-ctx[0-9]+(-c[0-9]+)?",
+    cell_id=sm_experiment.CELL_ID_PATTERN,
+    # a cell id without its kind (each kind has its rule, rules/bench.smk)
+    cell_key=sm_experiment.CELL_KEY_PATTERN,
     model="[A-Za-z0-9][A-Za-z0-9_.-]*",
 
 
@@ -66,6 +69,13 @@ def model_preset(wildcards):
             f"model {wildcards.model!r} is not in {EXP.path} (models: {', '.join(EXP.models)})"
         )
     return EXP.models[wildcards.model]["synthesize"]
+
+
+def cell_id_of(kind):
+    def cell_id(wildcards):
+        return f"{kind}-{wildcards.cell_key}"
+
+    return cell_id
 
 
 def cell_priority(wildcards):

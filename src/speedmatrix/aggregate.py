@@ -20,6 +20,10 @@ MATRIX_COLUMNS = [
     "p90_itl_ms", "p99_itl_ms", "median_chunk_itl_ms", "kv_cache_size_tokens", "needed_kv_tokens",
     "server_generation_tokens", "preemptions", "spec_decode_per_position_acceptance", "server_start_id",
     "started_at", "hostname", "slurm_job_id",
+    "mean_ttft_ms", "p95_ttft_ms", "corpus", "shared_prefix", "ignore_eos", "server_metrics", "token_count_gap",
+    "server_running_mean", "prefix_cache_hits", "prefix_cache_queries",
+    # prefix-cache cells: the main columns are the warm pass, these the cold pass
+    "cold_ttft_ms", "cold_mean_ttft_ms", "cold_total_tok_s", "cold_prefix_cache_hit_rate",
 ]
 
 
@@ -28,6 +32,7 @@ def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
     res = cell["result"]
     prov = cell["provenance"]
     srv = cell["server"]
+    cold = (res.get("passes") or {}).get("cold", {})
     return {
         "experiment": cell["experiment"],
         "server_id": spec["server_id"],
@@ -74,6 +79,20 @@ def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
         "started_at": res.get("started_at"),
         "hostname": prov.get("hostname"),
         "slurm_job_id": (prov.get("scheduler") or {}).get("SLURM_JOB_ID"),
+        "mean_ttft_ms": res.get("mean_ttft_ms"),
+        "p95_ttft_ms": res.get("p95_ttft_ms"),
+        "corpus": spec.get("corpus", "prose"),
+        "shared_prefix": spec.get("shared_prefix"),
+        "ignore_eos": res.get("ignore_eos"),
+        "server_metrics": res.get("server_metrics"),
+        "token_count_gap": res.get("token_count_gap"),
+        "server_running_mean": res.get("server_running_mean"),
+        "prefix_cache_hits": res.get("prefix_cache_hits"),
+        "prefix_cache_queries": res.get("prefix_cache_queries"),
+        "cold_ttft_ms": cold.get("median_ttft_ms"),
+        "cold_mean_ttft_ms": cold.get("mean_ttft_ms"),
+        "cold_total_tok_s": cold.get("output_throughput"),
+        "cold_prefix_cache_hit_rate": cold.get("prefix_cache_hit_rate"),
     }
 
 

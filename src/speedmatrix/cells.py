@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import json
 import os
+import secrets
 import socket
 import time
 from pathlib import Path
@@ -43,13 +44,87 @@ def scheduler_env() -> dict[str, str]:
 
 
 async def _scrape(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    """The server's Prometheus samples; {} when it has no /metrics (then every counter field is absent)."""
     try:
         async with session.get(f"{url}/metrics", headers=client.auth_headers()) as resp:
             if resp.status != 200:
                 return {}
             return metrics.parse(await resp.text())
-    except aiohttp.ClientError:
+    except (aiohttp.ClientError, ValueError):
         return {}
+
+
+def _in_flight(samples: dict[str, Any]) -> tuple[float, float] | None:
+    running = metrics.total(samples, metrics.GAUGES["running"])
+    waiting = metrics.total(samples, metrics.GAUGES["waiting"])
+    return None if running is None or waiting is None else (running, waiting)
+
+
+async def wait_until_idle(session: aiohttp.ClientSession, url: str, wait_s: float,
+                          progress: Callable[[str], None]) -> dict[str, Any]:
+    """The server's samples once it has no request running or waiting; CellError if it stays busy.
+
+    A benchmark needs the server to itself: requests that are not the cell's
+    would be measured as if they were. Without the gauges (a server with no
+    vLLM metrics) this cannot be known and the cell runs.
+    """
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        samples = await _scrape(session, url)
+        busy = _in_flight(samples)
+        if busy is None or sum(busy) == 0:
+            return samples
+        if time.monotonic() >= deadline:
+            raise CellError(
+                f"the server at {url} is busy with requests that are not this cell's ({busy[0]:g} running, "
+                f"{busy[1]:g} waiting, still after {wait_s:g} s): a measurement needs the server to itself. Stop "
+                "the other client or point the cell at a server of its own, then run again.")
+        if not said:
+            progress(f"server busy ({busy[0]:g} running, {busy[1]:g} waiting); waiting up to {wait_s:g} s")
+            said = True
+        await asyncio.sleep(0.5)
+
+
+class GaugeSampler:
+    """Samples the server's running and waiting gauges during a measurement (one scrape per interval)."""
+
+    def __init__(self, url: str, interval_s: float) -> None:
+        self.url, self.interval_s = url, interval_s
+        self.samples: list[tuple[float, float]] = []
+        self._task: asyncio.Task | None = None
+
+    async def _run(self) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            while True:
+                got = _in_flight(await _scrape(session, self.url))
+                if got is None:
+                    return  # no gauges: nothing to sample
+                self.samples.append(got)
+                await asyncio.sleep(self.interval_s)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> dict[str, Any]:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        s = self.samples
+        return {
+            "server_gauge_samples": len(s),
+            "server_running_mean": sum(r for r, _ in s) / len(s) if s else None,
+            "server_running_max": max(r for r, _ in s) if s else None,
+            "server_waiting_max": max(w for _, w in s) if s else None,
+        }
+
+
+async def _counters(url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        return await _scrape(session, url)
 
 
 async def measure(
@@ -59,21 +134,39 @@ async def measure(
     client_cfg: dict[str, Any],
     progress: Callable[[str], None] = print,
 ) -> tuple[dict[str, Any], list[client.RequestRecord]]:
+    """Measure one cell against a running server: (result, per-request records).
+
+    Server counters are scraped before and after (and between the passes of a
+    prefix-cache cell); against a server without vLLM's metrics every counter
+    field is recorded as absent (None) and the cell still runs.
+    """
     stall = float(client_cfg.get("stall_timeout_s", 60.0))
     seed = int(client_cfg.get("seed", 0))
     ignore_eos = bool(client_cfg.get("ignore_eos", False))
+    nonce = secrets.token_hex(4)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         before_raw = await _scrape(session, url)
-        kv = metrics.cache_info(before_raw)["kv_cache_size_tokens"] if before_raw else None
+        kv = metrics.cache_info(before_raw)["kv_cache_size_tokens"]
         need = needed_kv_tokens(cell)
-        base: dict[str, Any] = {"kv_cache_size_tokens": kv, "needed_kv_tokens": need}
+        base: dict[str, Any] = {
+            "kv_cache_size_tokens": kv,
+            "needed_kv_tokens": need,
+            "server_metrics": "present" if before_raw else "absent",
+            "ignore_eos": ignore_eos,
+            "prompt_seed": seed,
+            "prompt_nonce": nonce,
+        }
         if kv is not None and need > kv:
             progress(f"over capacity: needs {need} KV tokens, the server has {kv}; not sent")
             return {**base, "status": "over_capacity"}, []
-        busy = metrics.total(before_raw, "vllm:num_requests_running") if before_raw else None
-        source = await prompts.from_server(session, url, model, seed=seed)
+        before_raw = await wait_until_idle(session, url, float(client_cfg.get("busy_wait_s", 30.0)), progress)
+        source = await prompts.from_server(session, url, model, seed=seed, kind=cell.corpus, nonce=nonce,
+                                           headers=client.auth_headers())
     salt = f"{cell.server_id}/{cell.id}"
+    sampler = GaugeSampler(url, float(client_cfg.get("metrics_interval_s", 1.0)))
     t_wall = time.time()
+    sampler.start()
+    passes: dict[str, dict[str, Any]] = {}
     if cell.workload == "decode":
         progress(f"decode: {cell.concurrency} at once for {cell.duration_s:g} s, context {cell.context_tokens}")
         _, records = await asyncio.wait_for(
@@ -99,11 +192,34 @@ async def measure(
         wall, records = await client.fixed_count(url, model, lambda i: source.prompt(i, cell.context_tokens, salt),
                                                  cell.requests, cell.concurrency, cell.max_tokens, stall, ignore_eos)
         figures = stats.fixed(records, wall)
+    elif cell.workload == "prefix_cache":
+        shared = round(cell.shared_prefix * cell.context_tokens)
+        records = []
+        snap = metrics.snapshot(before_raw)
+        for k, phase in enumerate(("cold", "warm")):
+            progress(f"prefix cache, {phase} pass: {cell.requests} requests, {cell.concurrency} at once, "
+                     f"{shared} of {cell.context_tokens} tokens shared")
+            wall, recs = await client.fixed_count(
+                url, model, lambda i: source.shared_prefix_prompt(i, cell.context_tokens, shared, salt),
+                cell.requests, cell.concurrency, cell.max_tokens, stall, ignore_eos, phase=phase,
+                first_index=k * cell.requests)
+            after = metrics.snapshot(await _counters(url))
+            passes[phase] = {**stats.fixed(recs, wall), **metrics.delta(snap, after),
+                             "client_output_tokens": sum(r.output_tokens for r in recs)}
+            snap = after
+            records += recs
+        figures = {k: v for k, v in passes["warm"].items() if k not in metrics.DELTA_KEYS}
+        figures["shared_prefix_tokens"] = shared
     else:
         raise CellError(f"unknown workload {cell.workload!r}")
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        after_raw = await _scrape(session, url)
-    counters = metrics.delta(metrics.snapshot(before_raw), metrics.snapshot(after_raw)) if after_raw else {}
+    gauges = await sampler.stop()
+    after_raw = await _counters(url)
+    counters = metrics.delta(metrics.snapshot(before_raw), metrics.snapshot(after_raw))
+    received = sum(r.output_tokens for r in records)
+    gen = counters.get("server_generation_tokens")
+    gap = None if gen is None else gen - received
+    if passes:  # a prefix-cache cell's headline figures are its warm pass's
+        counters.update({k: passes["warm"][k] for k in metrics.DELTA_KEYS})
     n = len(records)
     failed = sum(1 for r in records if r.error)
     if n == 0:
@@ -111,14 +227,27 @@ async def measure(
     if failed == n or failed / n > MAX_FAILED_FRACTION:
         kinds = sorted({r.error for r in records if r.error})[:3]
         raise CellError(f"{failed} of {n} requests failed: {'; '.join(kinds)}")
+    peak = gauges["server_running_max"]
+    if peak is not None and peak + (gauges["server_waiting_max"] or 0) > cell.concurrency:
+        raise CellError(
+            f"the server at {url} had {peak:g} requests running and {gauges['server_waiting_max']:g} waiting "
+            f"during the cell, more than its concurrency {cell.concurrency}: another client used the server, "
+            "so the figures are not this cell's. Give the benchmark the server to itself and run again.")
     result = {
         **base,
         "status": "valid",
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_wall)),
-        "server_running_before": busy,
+        "server_running_before": _in_flight(before_raw)[0] if _in_flight(before_raw) else None,
         **figures,
         **counters,
+        **gauges,
+        # every token the client received (a decode cell's window counts fewer), and what the server
+        # counted: equal for cells whose requests all run to their end
+        "client_output_tokens": received,
+        "token_count_gap": gap,
     }
+    if passes:
+        result["passes"] = passes
     return result, records
 
 
@@ -138,10 +267,11 @@ def request_table(records: list[client.RequestRecord], ident: dict[str, Any]) ->
             "finish_reason": r.finish_reason,
             "cut_at_window_end": r.cut_at_window_end,
             "error": r.error,
+            "phase": r.phase,
             "text": r.text,
         })
     cols = ["request_index", "worker", "prompt_tokens", "start_s", "ttft_ms", "end_s", "output_tokens", "chunks",
-            "finish_reason", "cut_at_window_end", "error", "text"]
+            "finish_reason", "cut_at_window_end", "error", "phase", "text"]
     return pd.DataFrame(rows, columns=list(ident) + cols)
 
 

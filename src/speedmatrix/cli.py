@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .experiment import WORKLOADS
 
 EPILOG = """\
 The whole pipeline runs through Snakemake (`make run`, or
@@ -24,16 +25,19 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     cell = Cell(server_id="manual", workload=ns.workload, context_tokens=ns.context,
                 concurrency=1 if ns.workload in ("prefill", "latency") else ns.concurrency,
                 max_tokens=1 if ns.workload == "prefill" else ns.max_tokens,
-                duration_s=ns.duration if ns.workload == "decode" else None, requests=ns.requests)
-    client_cfg = {"stall_timeout_s": ns.stall_timeout, "ignore_eos": ns.ignore_eos, "seed": ns.seed}
+                duration_s=ns.duration if ns.workload == "decode" else None, requests=ns.requests,
+                shared_prefix=ns.shared_prefix if ns.workload == "prefix_cache" else None, corpus=ns.corpus)
+    client_cfg = {"stall_timeout_s": ns.stall_timeout, "ignore_eos": ns.ignore_eos, "seed": ns.seed,
+                  "busy_wait_s": ns.busy_wait}
     result, records = asyncio.run(cells.measure(cell, ns.url.rstrip("/"), ns.model, client_cfg,
                                                 progress=lambda m: print(m, file=sys.stderr)))
     doc = {"cell": cell.as_dict(), "url": ns.url, "model": ns.model, "client": client_cfg, "result": result}
     atomic.write_json(ns.out, doc)
     if records:
         cells.request_table(records, {"cell_id": cell.id}).to_parquet(Path(ns.out).with_suffix(".requests.parquet"))
-    print(json.dumps({k: result.get(k) for k in ("status", "completed", "total_output_tokens",
-                                                 "output_throughput", "median_ttft_ms", "median_itl_ms")}))
+    print(json.dumps({k: result.get(k) for k in ("status", "completed", "failed", "total_output_tokens",
+                                                 "output_throughput", "median_ttft_ms", "median_itl_ms",
+                                                 "prefix_cache_hit_rate", "spec_decode_acceptance_rate")}))
     return 0
 
 
@@ -92,20 +96,28 @@ def build_parser() -> argparse.ArgumentParser:
                        "OPENAI_API_KEY (never from the command line, so it stays out of shell history and logs).")
     b.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     b.add_argument("--model", required=True, help="served model name")
-    b.add_argument("--workload", choices=["prefill", "decode", "capacity", "latency"], default="decode",
-                   help="prefill: TTFT and prompt tok/s, one request at a time; decode: a closed loop of "
-                   "--concurrency requests for --duration seconds; capacity: --requests requests, --concurrency "
-                   "at once; latency: --requests requests one at a time")
+    b.add_argument("--workload", choices=list(WORKLOADS), default="decode",
+                   help="prefill: TTFT and prompt tok/s, one request at a time, prefix cache defeated; decode: a "
+                   "closed loop of --concurrency requests for --duration seconds; capacity: --requests requests, "
+                   "--concurrency at once; prefix_cache: --requests requests sharing --shared-prefix of the "
+                   "context, a cold pass then a warm pass; latency: --requests requests one at a time")
     b.add_argument("--context", type=int, required=True, help="prompt length in tokens (sized by the server's "
                    "/tokenize)")
     b.add_argument("--concurrency", type=int, default=1, help="requests in flight (decode)")
-    b.add_argument("--requests", type=int, default=3, help="requests (prefill, capacity, latency)")
+    b.add_argument("--requests", type=int, default=3, help="requests (prefill, capacity, latency; per pass for "
+                   "prefix_cache)")
+    b.add_argument("--shared-prefix", type=float, default=0.875, help="prefix_cache: fraction of the context "
+                   "shared by every request (seed 000: 0.875 and 0.25)")
+    b.add_argument("--corpus", choices=["prose", "code"], default="prose", help="text the prompts are cut from "
+                   "(code: the coding-shaped set)")
     b.add_argument("--duration", type=float, default=30.0, help="measurement window in seconds (decode)")
     b.add_argument("--max-tokens", type=int, default=4096, help="output cap per request")
     b.add_argument("--ignore-eos", action="store_true", help="generate past the model's end (recorded)")
     b.add_argument("--stall-timeout", type=float, default=60.0, help="end a request after this many seconds "
                    "without a token")
     b.add_argument("--seed", type=int, default=0, help="prompt selection seed")
+    b.add_argument("--busy-wait", type=float, default=30.0, help="seconds to wait for a server busy with other "
+                   "requests to drain before the cell fails")
     b.add_argument("--out", required=True, help="result JSON (requests go beside it as .requests.parquet)")
     b.set_defaults(func=cmd_bench)
 
@@ -132,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .cells import CellError
     from .experiment import ConfigError
 
     ns = build_parser().parse_args(argv)
@@ -140,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"speedmatrix: {err}", file=sys.stderr)
         return 2
+    except CellError as err:
+        print(f"speedmatrix: cell failed: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ class RequestRecord:
     finish_reason: str | None = None
     cut_at_window_end: bool = False
     error: str | None = None
+    phase: str = ""  # prefix-cache cells: "cold" or "warm"
 
     @property
     def output_tokens(self) -> int:
@@ -62,6 +63,7 @@ async def stream_completion(
     stall_timeout_s: float,
     deadline: float | None = None,
     ignore_eos: bool = False,
+    headers: dict[str, str] | None = None,
 ) -> RequestRecord:
     """Stream one completion into ``record``; stop reading at ``deadline`` (monotonic)."""
     payload = {
@@ -75,8 +77,10 @@ async def stream_completion(
     }
     now = time.monotonic
     last_usage = 0
+    parts: list[str] = []  # joined once at the end (appending to an attribute copies the text every chunk)
     try:
-        async with session.post(f"{base_url}/v1/completions", json=payload, headers=auth_headers()) as resp:
+        async with session.post(f"{base_url}/v1/completions", json=payload,
+                                headers=auth_headers() if headers is None else headers) as resp:
             if resp.status != 200:
                 body = (await resp.text())[:300]
                 record.error = f"HTTP {resp.status}: {body}"
@@ -91,8 +95,10 @@ async def stream_completion(
                         break
                     timeout = min(timeout, left)
                 try:
-                    data = await asyncio.wait_for(resp.content.readany(), timeout)
-                except asyncio.TimeoutError:
+                    # asyncio.timeout, not wait_for: no task per read (the client's cost per chunk matters)
+                    async with asyncio.timeout(timeout):
+                        data = await resp.content.readany()
+                except TimeoutError:
                     if deadline is not None and now() >= deadline:
                         record.cut_at_window_end = True
                     else:
@@ -105,8 +111,8 @@ async def stream_completion(
                 buf += data
                 arrived = now() - t0
                 done = False
-                while b"\n\n" in buf:
-                    event, buf = buf.split(b"\n\n", 1)
+                *events, buf = buf.split(b"\n\n")  # one pass over what arrived (linear in its size)
+                for event in events:
                     line = event.strip()
                     if not line.startswith(b"data:"):
                         continue
@@ -138,7 +144,8 @@ async def stream_completion(
                             record.first_token = arrived
                         record.chunk_times.append(arrived)
                         record.chunk_tokens.append(n)
-                    record.text += text
+                    if text:
+                        parts.append(text)
                     if reason:
                         record.finish_reason = reason
                 if done:
@@ -147,6 +154,7 @@ async def stream_completion(
         record.error = f"connection error: {type(exc).__name__}: {exc}"[:300]
     finally:
         record.end = now() - t0
+        record.text = "".join(parts)
     return record
 
 
@@ -213,20 +221,23 @@ async def fixed_count(
     max_tokens: int,
     stall_timeout_s: float = 60.0,
     ignore_eos: bool = False,
+    phase: str = "",
+    first_index: int = 0,
 ) -> tuple[float, list[RequestRecord]]:
-    """A fixed number of requests, at most ``concurrency`` in flight (capacity cells).
+    """A fixed number of requests, at most ``concurrency`` in flight (capacity and prefix-cache cells).
 
     Returns (wall seconds from the first send to the last end, records).
     """
     records: list[RequestRecord] = []
-    queue = iter(range(requests))
+    queue = iter(range(first_index, first_index + requests))
     async with _session(concurrency) as session:
         t0 = time.monotonic()
 
         async def worker(w: int) -> None:
             for i in queue:
                 prompt = make_prompt(i)
-                rec = RequestRecord(index=i, worker=w, prompt_tokens=len(prompt), start=time.monotonic() - t0)
+                rec = RequestRecord(index=i, worker=w, prompt_tokens=len(prompt), start=time.monotonic() - t0,
+                                    phase=phase)
                 records.append(rec)
                 await stream_completion(session, base_url, model, prompt, max_tokens, rec, t0, stall_timeout_s,
                                         None, ignore_eos)

@@ -39,11 +39,20 @@ def _key_path(path) -> str:
     return out or "(top level)"
 
 
+def _specific(err: jsonschema.ValidationError) -> jsonschema.ValidationError:
+    """For "one block or a list of blocks" (oneOf), the error of the branch that matches the value's type."""
+    if err.validator == "oneOf" and err.context:
+        same_type = [e for e in err.context
+                     if isinstance(err.instance, list) == (e.schema_path and e.schema_path[0] == 1)]
+        return _specific(jsonschema.exceptions.best_match(same_type or err.context))
+    return err
+
+
 def validate(data: Any, schema_name: str, source: str) -> None:
     schema_path_name = schema_name
     schema = yaml.safe_load(schema_path(schema_name).read_text())
     validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    errors = sorted((_specific(e) for e in validator.iter_errors(data)), key=lambda e: list(e.absolute_path))
     if not errors:
         return
     lines = []
@@ -97,6 +106,17 @@ class ServerConfig:
         return int(self.speculative["num_speculative_tokens"]) if self.speculative else 0
 
 
+WORKLOADS = ("prefill", "latency", "capacity", "prefix_cache", "decode")
+# a cell id: <workload>-ctx<N>[-c<M>][-share<P>][-<corpus>]; rules/common.smk constrains the wildcard to it
+CELL_KEY_PATTERN = r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code)?"
+CELL_ID_PATTERN = r"(prefill|latency|capacity|prefix_cache|decode)-" + CELL_KEY_PATTERN
+
+
+def _share_label(fraction: float) -> str:
+    """0.875 -> '87.5', 0.25 -> '25' (percent, no trailing zeros)."""
+    return f"{fraction * 100:.4f}".rstrip("0").rstrip(".")
+
+
 @dataclass(frozen=True)
 class Cell:
     server_id: str
@@ -105,13 +125,20 @@ class Cell:
     concurrency: int
     max_tokens: int
     duration_s: float | None = None
-    requests: int = 1  # prefill, capacity, latency: how many requests the cell sends
+    requests: int = 1  # prefill, capacity, latency, prefix_cache: how many requests the cell sends
+    shared_prefix: float | None = None  # prefix_cache: fraction of the context shared by every request
+    corpus: str = "prose"  # the repository text prompts are cut from (corpus.KINDS)
 
     @property
     def id(self) -> str:
-        if self.workload in ("prefill", "latency"):
-            return f"{self.workload}-ctx{self.context_tokens}"
-        return f"{self.workload}-ctx{self.context_tokens}-c{self.concurrency}"
+        out = f"{self.workload}-ctx{self.context_tokens}"
+        if self.workload not in ("prefill", "latency"):
+            out += f"-c{self.concurrency}"
+        if self.shared_prefix is not None:
+            out += f"-share{_share_label(self.shared_prefix)}"
+        if self.corpus != "prose":
+            out += f"-{self.corpus}"
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -123,7 +150,42 @@ class Cell:
             "max_tokens": self.max_tokens,
             "duration_s": self.duration_s,
             "requests": self.requests,
+            "shared_prefix": self.shared_prefix,
+            "corpus": self.corpus,
         }
+
+
+def workload_blocks(workloads: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Each workload is one block or a list of blocks (e.g. decode on prose and on code)."""
+    out = []
+    for kind in WORKLOADS:
+        blocks = workloads.get(kind)
+        if blocks is None:
+            continue
+        for block in blocks if isinstance(blocks, list) else [blocks]:
+            out.append((kind, block))
+    return out
+
+
+def expand_block(server_id: str, kind: str, b: dict[str, Any]) -> list[Cell]:
+    corpus = b.get("corpus", "prose")
+    if kind == "prefill":
+        return [Cell(server_id, kind, ctx, 1, 1, requests=b.get("repeats", 3), corpus=corpus)
+                for ctx in b["contexts"]]
+    if kind == "latency":
+        return [Cell(server_id, kind, ctx, 1, b["max_tokens"], requests=b["requests"], corpus=corpus)
+                for ctx in b["contexts"]]
+    if kind == "capacity":
+        return [Cell(server_id, kind, ctx, c, b["max_tokens"], requests=b["requests"], corpus=corpus)
+                for ctx in b["contexts"] for c in b["concurrency"]]
+    if kind == "prefix_cache":
+        return [Cell(server_id, kind, ctx, c, b["max_tokens"], requests=b["requests"], shared_prefix=float(share),
+                     corpus=corpus)
+                for share in b["shared_prefix"] for ctx in b["contexts"] for c in b["concurrency"]]
+    if kind == "decode":
+        return [Cell(server_id, kind, ctx, c, b["max_tokens"], float(b["duration_s"]), corpus=corpus)
+                for ctx in b["contexts"] for c in b["concurrency"]]
+    raise ValueError(f"unknown workload {kind!r}")
 
 
 @dataclass
@@ -153,27 +215,11 @@ class Experiment:
 
     def cells(self, server_id: str | None = None) -> list[Cell]:
         out: list[Cell] = []
-        wl = self.raw["workloads"]
         for srv in self.servers:
             if server_id is not None and srv.id != server_id:
                 continue
-            if "prefill" in wl:
-                for ctx in wl["prefill"]["contexts"]:
-                    out.append(Cell(srv.id, "prefill", ctx, 1, 1, requests=wl["prefill"].get("repeats", 3)))
-            if "latency" in wl:
-                lat = wl["latency"]
-                for ctx in lat["contexts"]:
-                    out.append(Cell(srv.id, "latency", ctx, 1, lat["max_tokens"], requests=lat["requests"]))
-            if "capacity" in wl:
-                cap = wl["capacity"]
-                for ctx in cap["contexts"]:
-                    for conc in cap["concurrency"]:
-                        out.append(Cell(srv.id, "capacity", ctx, conc, cap["max_tokens"], requests=cap["requests"]))
-            if "decode" in wl:
-                d = wl["decode"]
-                for ctx in d["contexts"]:
-                    for conc in d["concurrency"]:
-                        out.append(Cell(srv.id, "decode", ctx, conc, d["max_tokens"], float(d["duration_s"])))
+            for kind, block in workload_blocks(self.raw["workloads"]):
+                out.extend(expand_block(srv.id, kind, block))
         return out
 
     def cell(self, server_id: str, cell_id: str) -> Cell:
@@ -202,6 +248,15 @@ def _check_references(exp: dict[str, Any], source: str) -> None:
             problems.append(
                 f"{source}: key 'servers[{i}].speculative.model': {spec['model']!r} is not a key of 'models'"
             )
+    for kind, block in workload_blocks(exp["workloads"]):
+        ids = [c.id for c in expand_block("x", kind, block)]
+        if len(set(ids)) != len(ids):
+            problems.append(f"{source}: key 'workloads.{kind}': repeated values give the same cell twice")
+    seen = [c.id for kind, block in workload_blocks(exp["workloads"]) for c in expand_block("x", kind, block)]
+    dup_cells = sorted({i for i in seen if seen.count(i) > 1})
+    if dup_cells and not any("repeated values" in p for p in problems):
+        problems.append(f"{source}: key 'workloads': two blocks give the same cells ({', '.join(dup_cells[:5])}); "
+                        "give one of them another corpus or other contexts")
     from .models import PRESETS
 
     for name, m in models.items():

@@ -80,6 +80,12 @@ def snapshot(samples: dict[Sample, float]) -> dict[str, float | None]:
     return snap
 
 
+# what delta() derives: the counter fields of a cell's result
+DELTA_KEYS = ("server_generation_tokens", "server_prompt_tokens", "preemptions", "spec_decode_acceptance_rate",
+              "spec_decode_acceptance_length", "prefix_cache_hit_rate", "prefix_cache_queries", "prefix_cache_hits",
+              "spec_decode_per_position_acceptance")
+
+
 def delta(before: dict[str, float | None], after: dict[str, float | None]) -> dict[str, Any]:
     """Counter deltas over a cell and what vLLM's own bench derives from them."""
     d: dict[str, Any] = {}
@@ -96,6 +102,8 @@ def delta(before: dict[str, float | None], after: dict[str, float | None]) -> di
         "spec_decode_acceptance_rate": (acc / draft_tok) if draft_tok else None,
         # mean tokens emitted per draft step: 1 (the verified token) + accepted drafts
         "spec_decode_acceptance_length": (1 + acc / drafts) if drafts else None,
+        "prefix_cache_queries": d.get("prefix_cache_queries"),
+        "prefix_cache_hits": d.get("prefix_cache_hits"),
         "prefix_cache_hit_rate": (
             d["prefix_cache_hits"] / d["prefix_cache_queries"] if d.get("prefix_cache_queries") else None
         ),

