@@ -95,6 +95,12 @@ def run_vllm(url: str, shape: tuple[int, int, int, int], out: Path, tokenizer: s
                                   "mean_ttft_ms", "median_itl_ms", "total_input_tokens", "duration")}
 
 
+def _terminate(*_: object) -> None:
+    """SIGTERM: end through the cleanup, once (a second SIGTERM must not interrupt it)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(143)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5, help="alternations per shape (each: ours, then vLLM's)")
@@ -104,7 +110,7 @@ def main() -> int:
     if not (Path(ns.models_dir) / "tiny-gemma4/config.json").exists():
         raise SystemExit(f"no tiny model under {ns.models_dir}: run `make run` (or the model rule) first")
     # SIGTERM ends the run through the finally below, so the server never outlives it
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, _terminate)
     proc, url, log = start_server(ns.models_dir)
     runs = []
     scratch = Path(tempfile.mkdtemp(prefix="fidelity-"))

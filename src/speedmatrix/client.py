@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import aiohttp
+import msgspec
 
 API_KEY_ENV = "SPEEDMATRIX_API_KEY"
 
@@ -26,6 +27,25 @@ API_KEY_ENV = "SPEEDMATRIX_API_KEY"
 def auth_headers() -> dict[str, str]:
     key = os.environ.get(API_KEY_ENV) or os.environ.get("OPENAI_API_KEY")
     return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+class _Choice(msgspec.Struct):
+    text: str | None = None
+    finish_reason: str | None = None
+
+
+class _Usage(msgspec.Struct):
+    completion_tokens: int | None = None
+
+
+class _Event(msgspec.Struct):
+    """The fields of a streamed completion event the client reads (the rest is skipped, not parsed)."""
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+    error: Any = None
+
+
+_decode_event = msgspec.json.Decoder(_Event).decode
 
 
 @dataclass
@@ -121,22 +141,19 @@ async def stream_completion(
                         done = True
                         break
                     try:
-                        msg = json.loads(body)
-                    except ValueError:
+                        msg = _decode_event(body)
+                    except msgspec.DecodeError:
                         record.error = f"malformed event: {body[:120]!r}"
                         done = True
                         break
-                    if "error" in msg:
-                        record.error = f"server error event: {str(msg['error'])[:200]}"
+                    if msg.error is not None:
+                        record.error = f"server error event: {str(msg.error)[:200]}"
                         done = True
                         break
-                    usage = msg.get("usage") or {}
-                    choices = msg.get("choices") or []
-                    text = "".join(c.get("text") or "" for c in choices)
-                    reason = next((c.get("finish_reason") for c in choices if c.get("finish_reason")), None)
-                    if usage.get("completion_tokens") is not None:
-                        n = usage["completion_tokens"] - last_usage
-                        last_usage = usage["completion_tokens"]
+                    text = msg.choices[0].text if msg.choices else None
+                    if msg.usage is not None and msg.usage.completion_tokens is not None:
+                        n = msg.usage.completion_tokens - last_usage
+                        last_usage = msg.usage.completion_tokens
                     else:
                         n = 1 if text else 0
                     if n > 0:
@@ -146,8 +163,8 @@ async def stream_completion(
                         record.chunk_tokens.append(n)
                     if text:
                         parts.append(text)
-                    if reason:
-                        record.finish_reason = reason
+                    if msg.choices and msg.choices[0].finish_reason:
+                        record.finish_reason = msg.choices[0].finish_reason
                 if done:
                     break
     except (aiohttp.ClientError, ConnectionError, OSError) as exc:
