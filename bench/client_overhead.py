@@ -46,7 +46,9 @@ def _free_port() -> int:
 async def _ours(url: str, concurrency: int, requests: int, tokens: int) -> tuple[float, list, list, int]:
     from speedmatrix import client
 
-    wall, records = await client.fixed_count(url, "bench", lambda i: PROMPT, requests, concurrency, tokens)
+    # per-event usage off: the same request vllm bench serve sends (the streamer then sends what vLLM would)
+    opts = client.RequestOptions(max_tokens=tokens, ignore_eos=True, usage_per_chunk=False)
+    wall, records = await client.fixed_count(url, "bench", lambda i: PROMPT, requests, concurrency, opts)
     ok = [r for r in records if not r.error]
     ttfts = [r.first_token - r.start for r in ok if r.first_token is not None]
     gaps = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:])]

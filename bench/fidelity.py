@@ -70,9 +70,46 @@ def start_server(models_dir: str) -> tuple[subprocess.Popen, str, Path]:
     raise SystemExit(f"server not ready in 600 s; see {log}")
 
 
-def run_ours(url: str, shape: tuple[int, int, int, int], out: Path) -> dict:
+def group_pids(pgid: int) -> list[int]:
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # field 5 of /proc/<pid>/stat: the process group
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def place_processes(pgid: int) -> list[str]:
+    """Fixed CPU placement for the run (2 cores: compute on one, everything else on the other).
+
+    vLLM's CPU worker binds its threads to its cores (VLLM_CPU_OMP_THREADS_BIND); the API server
+    and the EngineCore float, and on 2 cores where the OS puts them decides the figures (TTFT of
+    30 ms or 1.5 s for the same cell). They are pinned to the cores the worker does not use; the
+    clients run on the worker's cores. Returns the client's taskset prefix.
+    """
+    worker_cores: set[int] = set()
+    others = []
+    for pid in group_pids(pgid):
+        title = Path(f"/proc/{pid}/comm").read_text().strip()
+        if title.startswith("VLLM::Worker"):
+            worker_cores |= os.sched_getaffinity(pid)
+        else:
+            others.append(pid)
+    rest = sorted(set(os.sched_getaffinity(0)) - worker_cores)
+    if not worker_cores or not rest:
+        return []
+    for pid in others:
+        subprocess.run(["taskset", "-a", "-p", "-c", ",".join(map(str, rest)), str(pid)], check=True,
+                       capture_output=True)
+    return ["taskset", "-c", ",".join(map(str, sorted(worker_cores)))]
+
+
+def run_ours(url: str, shape: tuple[int, int, int, int], out: Path, prefix: list[str]) -> dict:
     inp, outp, n, c = shape
-    cmd = [str(REPO / ".venv/bin/speedmatrix"), "bench", "--url", url, "--model", "tiny", "--workload", "capacity",
+    cmd = [*prefix, str(REPO / ".venv/bin/speedmatrix"), "bench", "--url", url, "--model", "tiny", "--workload", "capacity",
            "--context", str(inp), "--max-tokens", str(outp), "--requests", str(n), "--concurrency", str(c),
            "--ignore-eos", "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True)
@@ -81,9 +118,9 @@ def run_ours(url: str, shape: tuple[int, int, int, int], out: Path) -> dict:
                                   "mean_ttft_ms", "median_itl_ms", "total_input_tokens", "duration")}
 
 
-def run_vllm(url: str, shape: tuple[int, int, int, int], out: Path, tokenizer: str) -> dict:
+def run_vllm(url: str, shape: tuple[int, int, int, int], out: Path, tokenizer: str, prefix: list[str]) -> dict:
     inp, outp, n, c = shape
-    cmd = [sys.executable, str(REPO / "bench/vllm_bench_serve.py"), "--out", str(out), "--",
+    cmd = [*prefix, sys.executable, str(REPO / "bench/vllm_bench_serve.py"), "--out", str(out), "--",
            "--backend", "vllm", "--base-url", url, "--model", "tiny", "--tokenizer", tokenizer,
            "--dataset-name", "random", "--random-input-len", str(inp), "--random-output-len", str(outp),
            "--num-prompts", str(n), "--max-concurrency", str(c), "--ignore-eos", "--seed", str(int(time.time())),
@@ -112,6 +149,8 @@ def main() -> int:
     # SIGTERM ends the run through the finally below, so the server never outlives it
     signal.signal(signal.SIGTERM, _terminate)
     proc, url, log = start_server(ns.models_dir)
+    prefix = place_processes(proc.pid)
+    print(f"client placement: {prefix or 'floating'}", flush=True)
     runs = []
     scratch = Path(tempfile.mkdtemp(prefix="fidelity-"))
     try:
@@ -121,8 +160,8 @@ def main() -> int:
                 for who in order:
                     out = scratch / f"{who}-{'-'.join(map(str, shape))}-{rnd}.json"
                     before = scrape(url)
-                    res = (run_ours(url, shape, out) if who == "speedmatrix"
-                           else run_vllm(url, shape, out, f"{ns.models_dir}/tiny-gemma4"))
+                    res = (run_ours(url, shape, out, prefix) if who == "speedmatrix"
+                           else run_vllm(url, shape, out, f"{ns.models_dir}/tiny-gemma4", prefix))
                     server_tokens = scrape(url) - before
                     row = {"client": who, "shape": dict(zip(("input", "output", "requests", "concurrency"), shape)),
                            "round": rnd, **res, "server_generation_tokens": server_tokens}
@@ -151,6 +190,7 @@ def main() -> int:
         })
     doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(), "cpus": os.cpu_count(),
            "server": "tiny-cpu/base (vllm-cpu, tiny Gemma-4, random weights)", "rounds": ns.rounds,
+           "client_placement": " ".join(prefix) or "floating",
            "summary": summary, "runs": runs}
     Path(ns.out).write_text(json.dumps(doc, indent=1) + "\n")
     for s in summary:

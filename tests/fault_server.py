@@ -2,8 +2,13 @@
 
 The model name picks the behaviour: ``ok``, ``stall`` (stops sending after 3
 tokens), ``malformed`` (a broken event), ``drop`` (closes the connection mid
-stream), ``http500``. Used to check that the client ends every request with a
+stream), ``http500``, ``multi`` (two tokens an event, the count only in the final usage event). Used to check that the client ends every request with a
 recorded reason instead of hanging.
+
+``/tokenize`` answers one id per character (enough to size prompts). Without
+``running`` there is no ``/metrics`` (like any OpenAI-compatible server that is
+not vLLM); with ``app(running=N)`` ``/metrics`` reports N requests running
+that are not the client's (a busy server).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     mode = payload["model"]
     if mode == "http500":
         return web.Response(status=500, text="boom")
+    if mode == "multi":
+        return await multi_token_events(request, payload)
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
     for i in range(1, payload.get("max_tokens", 8) + 1):
@@ -44,7 +51,42 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def app() -> web.Application:
+async def multi_token_events(request: web.Request, payload: dict) -> web.StreamResponse:
+    """Two tokens an event and no usage in the events (as vLLM streams speculative decoding without
+    continuous usage stats), then the final usage-only event and [DONE]."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    n = payload.get("max_tokens", 8)
+    for i in range(n // 2):
+        reason = "length" if i == n // 2 - 1 else None
+        body = {"choices": [{"index": 0, "text": "ab", "finish_reason": reason}]}
+        await resp.write(f"data: {json.dumps(body)}\n\n".encode())
+    usage = {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": n}}
+    await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+    return resp
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    payload = await request.json()
+    return web.json_response({"tokens": [ord(ch) % 256 for ch in payload["prompt"]]})
+
+
+def metrics_handler(running: int):
+    async def handler(request: web.Request) -> web.Response:
+        text = ("# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+                "# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{model_name="ok"}} {running}.0\n'
+                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+                "# TYPE vllm:num_requests_waiting gauge\n"
+                'vllm:num_requests_waiting{model_name="ok"} 0.0\n')
+        return web.Response(text=text, content_type="text/plain")
+    return handler
+
+
+def app(running: int | None = None) -> web.Application:
     a = web.Application()
     a.router.add_post("/v1/completions", completions)
+    a.router.add_post("/tokenize", tokenize)
+    if running is not None:
+        a.router.add_get("/metrics", metrics_handler(running))
     return a

@@ -10,7 +10,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from fault_server import app
-from speedmatrix.client import RequestRecord, closed_loop, stream_completion
+from speedmatrix.client import RequestOptions, RequestRecord, closed_loop, stream_completion
 
 
 async def one(mode: str, stall_timeout_s: float = 0.5) -> RequestRecord:
@@ -19,7 +19,7 @@ async def one(mode: str, stall_timeout_s: float = 0.5) -> RequestRecord:
         async with aiohttp.ClientSession() as s:
             rec = RequestRecord(index=0, worker=0, prompt_tokens=4, start=0.0)
             t0 = time.monotonic()
-            await stream_completion(s, url, mode, [1, 2, 3, 4], 8, rec, t0, stall_timeout_s)
+            await stream_completion(s, url, mode, [1, 2, 3, 4], RequestOptions(8, stall_timeout_s), rec, t0)
             return rec
 
 
@@ -43,7 +43,8 @@ def test_closed_loop_stops_at_the_window_end():
     async def go():
         async with TestServer(app()) as srv:
             url = str(srv.make_url("")).rstrip("/")
-            return await closed_loop(url, "ok", lambda i: [1, 2], concurrency=3, duration_s=0.5, max_tokens=10_000)
+            return await closed_loop(url, "ok", lambda i: [1, 2], concurrency=3, duration_s=0.5,
+                                     opts=RequestOptions(max_tokens=10_000))
     t0 = time.monotonic()
     _, recs = asyncio.run(go())
     assert time.monotonic() - t0 < 5
@@ -57,7 +58,8 @@ def test_fixed_count_keeps_concurrency_and_counts_every_request():
     async def go():
         async with TestServer(app()) as srv:
             url = str(srv.make_url("")).rstrip("/")
-            return await fixed_count(url, "ok", lambda i: [1, 2, 3], requests=10, concurrency=3, max_tokens=8)
+            return await fixed_count(url, "ok", lambda i: [1, 2, 3], requests=10, concurrency=3,
+                                     opts=RequestOptions(max_tokens=8))
     wall, recs = asyncio.run(go())
     assert [r.index for r in recs] == list(range(10))
     assert {r.worker for r in recs} == {0, 1, 2}
@@ -66,3 +68,53 @@ def test_fixed_count_keeps_concurrency_and_counts_every_request():
     assert s["output_throughput"] == 80 / wall
     assert 2.0 <= s["avg_active_requests"] <= 3.0
     assert s["p95_ttft_ms"] >= s["median_ttft_ms"] > 0
+
+
+def _measure(cell, fixture_app, client_cfg=None):
+    from speedmatrix import cells
+
+    async def go():
+        async with TestServer(fixture_app) as srv:
+            url = str(srv.make_url("")).rstrip("/")
+            return await cells.measure(cell, url, "ok", client_cfg or {"stall_timeout_s": 5}, progress=lambda m: None)
+    return asyncio.run(go())
+
+
+def test_a_server_without_vllm_metrics_gets_absent_counters_and_the_cell_still_runs():
+    from speedmatrix.experiment import Cell
+    from speedmatrix.metrics import DELTA_KEYS
+
+    cell = Cell("manual", "capacity", context_tokens=64, concurrency=2, max_tokens=8, requests=4)
+    result, records = _measure(cell, app())
+    assert result["status"] == "valid" and result["server_metrics"] == "absent"
+    assert len(records) == 4 and result["total_output_tokens"] == 32
+    # every counter field is present and recorded as absent (None), not guessed
+    for key in (*DELTA_KEYS, "kv_cache_size_tokens", "token_count_gap", "server_running_mean"):
+        assert key in result and result[key] is None, key
+    # the prompts were sized exactly with the server's /tokenize
+    assert all(r.prompt_tokens == 64 for r in records)
+
+
+def test_a_busy_server_fails_the_cell_before_anything_is_sent():
+    from speedmatrix.cells import CellError
+    from speedmatrix.experiment import Cell
+
+    cell = Cell("manual", "capacity", context_tokens=64, concurrency=2, max_tokens=8, requests=4)
+    with pytest.raises(CellError, match=r"busy with requests that are not this cell's \(3 running"):
+        _measure(cell, app(running=3), {"stall_timeout_s": 5, "busy_wait_s": 0.5})
+
+
+def test_without_per_event_usage_the_final_usage_makes_the_count_exact():
+    async def go():
+        async with TestServer(app()) as srv:
+            url = str(srv.make_url("")).rstrip("/")
+            async with aiohttp.ClientSession() as s:
+                rec = RequestRecord(index=0, worker=0, prompt_tokens=4, start=0.0)
+                opts = RequestOptions(max_tokens=8, usage_per_chunk=False)
+                return await stream_completion(s, url, "multi", [1, 2, 3, 4], opts, rec, time.monotonic())
+
+    rec = asyncio.run(go())
+    # 4 events of 2 tokens: counted 1 each, then made to add up to the server's total of 8
+    assert rec.error is None and len(rec.chunk_times) == 4
+    assert rec.output_tokens == 8 and rec.tokens_reconciled == 4
+    assert rec.chunk_tokens[0] == 1 and sorted(rec.chunk_tokens[1:]) == [2, 2, 3]

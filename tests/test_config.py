@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -93,3 +94,34 @@ def test_secrets_are_redacted():
     assert "sk-secret" not in " ".join(red) and "hf_abc" not in " ".join(red)
     assert red[-2:] == ["--port", "1"]
     assert runtimes.redact_env({"HF_TOKEN": "hf_x", "VLLM_X": "1"}) == {"HF_TOKEN": "<redacted>", "VLLM_X": "1"}
+
+
+def test_workloads_take_one_block_or_a_list_and_name_every_cell_kind(exp_dir):
+    path = exp_dir / "tiny-cpu.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["workloads"] = {
+        "prefill": {"contexts": [256]},
+        "latency": {"contexts": [128], "requests": 2, "max_tokens": 8},
+        "capacity": {"contexts": [256], "concurrency": [4], "requests": 8, "max_tokens": 16},
+        "prefix_cache": {"contexts": [1024], "concurrency": [4], "requests": 8, "max_tokens": 16,
+                         "shared_prefix": [0.875, 0.25]},
+        "decode": [{"contexts": [128], "concurrency": [1, 4], "duration_s": 2, "max_tokens": 32},
+                   {"contexts": [128], "concurrency": [4], "duration_s": 2, "max_tokens": 32, "corpus": "code"}],
+    }
+    path.write_text(yaml.safe_dump(raw))
+    exp = experiment.load("tiny-cpu", exp_dir)
+    ids = [c.id for c in exp.cells("base")]
+    assert ids == ["prefill-ctx256", "latency-ctx128", "capacity-ctx256-c4", "prefix_cache-ctx1024-c4-share87.5",
+                   "prefix_cache-ctx1024-c4-share25", "decode-ctx128-c1", "decode-ctx128-c4",
+                   "decode-ctx128-c4-code"]
+    assert all(re.fullmatch(experiment.CELL_ID_PATTERN, i) for i in ids)
+    assert exp.cell("base", "prefix_cache-ctx1024-c4-share25").shared_prefix == 0.25
+
+
+def test_a_bad_value_inside_a_list_of_blocks_names_its_key(exp_dir):
+    path = exp_dir / "tiny-cpu.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["workloads"]["decode"] = [raw["workloads"]["decode"], {**raw["workloads"]["decode"], "corpus": "poetry"}]
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(experiment.ConfigError, match=r"tiny-cpu.yaml: key 'workloads.decode\[1\].corpus'"):
+        experiment.load("tiny-cpu", exp_dir)

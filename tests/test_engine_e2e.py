@@ -98,10 +98,26 @@ def test_matrix_is_real_and_complete(full_run):
     spec = m[(m.spec_tokens == 2) & (m.status != "over_capacity") & (m.workload == "decode")]
     assert spec.spec_acceptance_rate.notna().all()  # random weights: a real rate, near 0
     reqs = pd.read_parquet(res / "requests.parquet")
-    assert len(reqs) == measured.num_requests.sum() + prefill.num_requests.sum()
-    assert {"text", "looped", "loop_suspected", "ttft_ms", "output_tokens"} <= set(reqs.columns)
+    sent = m[m.status != "over_capacity"].set_index(["server_id", "cell_id"])
+    passes = sent.workload.map(lambda w: 2 if w == "prefix_cache" else 1)
+    assert (reqs.groupby(["server_id", "cell_id"]).size() == sent.num_requests * passes).all()
+    assert {"text", "looped", "loop_suspected", "ttft_ms", "output_tokens", "phase"} <= set(reqs.columns)
+    # cells whose requests all run to their end: the client's token count is exactly the server's counter
+    whole = sent[sent.workload != "decode"]
+    assert (whole.token_count_gap == 0).all(), whole[["token_count_gap"]]
+    assert (sent.server_metrics == "present").all() and (sent.ignore_eos == False).all()  # noqa: E712
+    # prefix cache: the warm pass finds the shared part cached, more of it at 87.5 % than at 25 %
+    pc = m[m.workload == "prefix_cache"].set_index(["server_id", "shared_prefix"])
+    assert (pc.prefix_cache_hit_rate > pc.cold_prefix_cache_hit_rate).all()
+    for sid in ("base", "mtp2"):
+        assert pc.loc[(sid, 0.875), "prefix_cache_hit_rate"] > pc.loc[(sid, 0.25), "prefix_cache_hit_rate"]
+    # prefill defeats the prefix cache: a unique start per prompt
+    assert (prefill.prefix_cache_hit_rate == 0).all()
+    lat = m[m.workload == "latency"]
+    assert (lat.ttft_ms > 0).all() and (lat.avg_active_requests <= 1.0).all()
     report = (res / "report.md").read_text()
     assert "| Context | 1 | 4 | 16 | 64 |" in report and "Over capacity" in report
+    assert "### Prefix cache" in report and "Shared prefix 87.5% — cold" in report and "### Latency" in report
 
 
 def test_one_server_start_per_server_config(full_run):

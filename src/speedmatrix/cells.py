@@ -87,7 +87,12 @@ async def wait_until_idle(session: aiohttp.ClientSession, url: str, wait_s: floa
 
 
 class GaugeSampler:
-    """Samples the server's running and waiting gauges during a measurement (one scrape per interval)."""
+    """Samples the server's running and waiting gauges during a measurement (one scrape per interval).
+
+    Off unless ``metrics_interval_s`` > 0: a scrape makes vLLM's API server render all its metrics
+    (about 50 KB, 40 ms on the CPU default), and one a second cost the CPU default about 20 % of its
+    throughput (docs/decisions/0002-measurement.md). A foreign request is found without it, from the
+    server's finished-request counter."""
 
     def __init__(self, url: str, interval_s: float) -> None:
         self.url, self.interval_s = url, interval_s
@@ -104,7 +109,8 @@ class GaugeSampler:
                 await asyncio.sleep(self.interval_s)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        if self.interval_s > 0:
+            self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> dict[str, Any]:
         if self._task:
@@ -127,6 +133,22 @@ async def _counters(url: str) -> dict[str, Any]:
         return await _scrape(session, url)
 
 
+def request_options(cell: Cell, client_cfg: dict[str, Any]) -> client.RequestOptions:
+    """The cell's request options. ``usage_per_chunk`` ``auto`` (the default) asks for per-event
+    token counts only where they are needed to be exact: a decode cell cuts its requests at the
+    window's end, before their final usage event. The other cells run every request to its end,
+    and the final usage event gives its exact total at no cost to the server."""
+    per_chunk = client_cfg.get("usage_per_chunk", "auto")
+    if per_chunk == "auto":
+        per_chunk = cell.workload == "decode"
+    return client.RequestOptions(
+        max_tokens=1 if cell.workload == "prefill" else cell.max_tokens,
+        stall_timeout_s=float(client_cfg.get("stall_timeout_s", 60.0)),
+        ignore_eos=bool(client_cfg.get("ignore_eos", False)),
+        usage_per_chunk=bool(per_chunk),
+    )
+
+
 async def measure(
     cell: Cell,
     url: str,
@@ -140,9 +162,10 @@ async def measure(
     prefix-cache cell); against a server without vLLM's metrics every counter
     field is recorded as absent (None) and the cell still runs.
     """
-    stall = float(client_cfg.get("stall_timeout_s", 60.0))
     seed = int(client_cfg.get("seed", 0))
-    ignore_eos = bool(client_cfg.get("ignore_eos", False))
+    opts = request_options(cell, client_cfg)
+    ignore_eos = opts.ignore_eos
+    busy_wait_s = float(client_cfg.get("busy_wait_s", 30.0))
     nonce = secrets.token_hex(4)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         before_raw = await _scrape(session, url)
@@ -153,17 +176,18 @@ async def measure(
             "needed_kv_tokens": need,
             "server_metrics": "present" if before_raw else "absent",
             "ignore_eos": ignore_eos,
+            "usage_per_chunk": opts.usage_per_chunk,
             "prompt_seed": seed,
             "prompt_nonce": nonce,
         }
         if kv is not None and need > kv:
             progress(f"over capacity: needs {need} KV tokens, the server has {kv}; not sent")
             return {**base, "status": "over_capacity"}, []
-        before_raw = await wait_until_idle(session, url, float(client_cfg.get("busy_wait_s", 30.0)), progress)
+        before_raw = await wait_until_idle(session, url, busy_wait_s, progress)
         source = await prompts.from_server(session, url, model, seed=seed, kind=cell.corpus, nonce=nonce,
                                            headers=client.auth_headers())
     salt = f"{cell.server_id}/{cell.id}"
-    sampler = GaugeSampler(url, float(client_cfg.get("metrics_interval_s", 1.0)))
+    sampler = GaugeSampler(url, float(client_cfg.get("metrics_interval_s", 0)))
     t_wall = time.time()
     sampler.start()
     passes: dict[str, dict[str, Any]] = {}
@@ -171,26 +195,26 @@ async def measure(
         progress(f"decode: {cell.concurrency} at once for {cell.duration_s:g} s, context {cell.context_tokens}")
         _, records = await asyncio.wait_for(
             client.closed_loop(url, model, lambda i: source.prompt(i, cell.context_tokens, salt),
-                               cell.concurrency, cell.duration_s, cell.max_tokens, stall, ignore_eos, progress),
-            timeout=float(client_cfg.get("cell_timeout_s", cell.duration_s + stall + 120)),
+                               cell.concurrency, cell.duration_s, opts, progress),
+            timeout=float(client_cfg.get("cell_timeout_s", cell.duration_s + opts.stall_timeout_s + 120)),
         )
         figures = stats.decode(records, cell.duration_s)
     elif cell.workload == "prefill":
         progress(f"prefill: {cell.requests} single requests at context {cell.context_tokens}")
         ps = [source.prompt(i, cell.context_tokens, salt) for i in range(cell.requests)]
-        records = await client.sequential(url, model, ps, max_tokens=1, stall_timeout_s=stall)
+        records = await client.sequential(url, model, ps, opts)
         figures = stats.prefill(records, cell.context_tokens)
     elif cell.workload == "latency":
         progress(f"latency: {cell.requests} requests one at a time, context {cell.context_tokens}")
         ps = [source.prompt(i, cell.context_tokens, salt) for i in range(cell.requests)]
         t0 = time.monotonic()
-        records = await client.sequential(url, model, ps, cell.max_tokens, stall, ignore_eos)
+        records = await client.sequential(url, model, ps, opts)
         figures = stats.fixed(records, time.monotonic() - t0)
     elif cell.workload == "capacity":
         progress(f"capacity: {cell.requests} requests, {cell.concurrency} at once, context {cell.context_tokens}, "
                  f"cap {cell.max_tokens} tokens")
         wall, records = await client.fixed_count(url, model, lambda i: source.prompt(i, cell.context_tokens, salt),
-                                                 cell.requests, cell.concurrency, cell.max_tokens, stall, ignore_eos)
+                                                 cell.requests, cell.concurrency, opts)
         figures = stats.fixed(records, wall)
     elif cell.workload == "prefix_cache":
         shared = round(cell.shared_prefix * cell.context_tokens)
@@ -201,7 +225,7 @@ async def measure(
                      f"{shared} of {cell.context_tokens} tokens shared")
             wall, recs = await client.fixed_count(
                 url, model, lambda i: source.shared_prefix_prompt(i, cell.context_tokens, shared, salt),
-                cell.requests, cell.concurrency, cell.max_tokens, stall, ignore_eos, phase=phase,
+                cell.requests, cell.concurrency, opts, phase=phase,
                 first_index=k * cell.requests)
             after = metrics.snapshot(await _counters(url))
             passes[phase] = {**stats.fixed(recs, wall), **metrics.delta(snap, after),
@@ -213,7 +237,10 @@ async def measure(
     else:
         raise CellError(f"unknown workload {cell.workload!r}")
     gauges = await sampler.stop()
-    after_raw = await _counters(url)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        # every request of the cell has ended on the client; the server must drain too (a request cut
+        # at a decode window's end is aborted within moments); still busy means someone else's requests
+        after_raw = await wait_until_idle(session, url, busy_wait_s, progress)
     counters = metrics.delta(metrics.snapshot(before_raw), metrics.snapshot(after_raw))
     received = sum(r.output_tokens for r in records)
     gen = counters.get("server_generation_tokens")
@@ -228,11 +255,14 @@ async def measure(
         kinds = sorted({r.error for r in records if r.error})[:3]
         raise CellError(f"{failed} of {n} requests failed: {'; '.join(kinds)}")
     peak = gauges["server_running_max"]
-    if peak is not None and peak + (gauges["server_waiting_max"] or 0) > cell.concurrency:
+    finished = counters.get("server_requests_finished")
+    if ((peak is not None and peak + (gauges["server_waiting_max"] or 0) > cell.concurrency)
+            or (finished is not None and finished > n)):
         raise CellError(
-            f"the server at {url} had {peak:g} requests running and {gauges['server_waiting_max']:g} waiting "
-            f"during the cell, more than its concurrency {cell.concurrency}: another client used the server, "
-            "so the figures are not this cell's. Give the benchmark the server to itself and run again.")
+            f"the server at {url} served requests that were not this cell's during it (it finished "
+            f"{finished if finished is None else int(finished)} requests, the cell sent {n}; most running at once "
+            f"{peak if peak is None else int(peak)}, the cell's concurrency {cell.concurrency}): the figures "
+            "are not this cell's. Give the benchmark the server to itself and run again.")
     result = {
         **base,
         "status": "valid",
@@ -267,11 +297,12 @@ def request_table(records: list[client.RequestRecord], ident: dict[str, Any]) ->
             "finish_reason": r.finish_reason,
             "cut_at_window_end": r.cut_at_window_end,
             "error": r.error,
+            "tokens_reconciled": r.tokens_reconciled,
             "phase": r.phase,
             "text": r.text,
         })
     cols = ["request_index", "worker", "prompt_tokens", "start_s", "ttft_ms", "end_s", "output_tokens", "chunks",
-            "finish_reason", "cut_at_window_end", "error", "phase", "text"]
+            "finish_reason", "cut_at_window_end", "error", "tokens_reconciled", "phase", "text"]
     return pd.DataFrame(rows, columns=list(ident) + cols)
 
 

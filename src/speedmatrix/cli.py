@@ -28,7 +28,8 @@ def cmd_bench(ns: argparse.Namespace) -> int:
                 duration_s=ns.duration if ns.workload == "decode" else None, requests=ns.requests,
                 shared_prefix=ns.shared_prefix if ns.workload == "prefix_cache" else None, corpus=ns.corpus)
     client_cfg = {"stall_timeout_s": ns.stall_timeout, "ignore_eos": ns.ignore_eos, "seed": ns.seed,
-                  "busy_wait_s": ns.busy_wait}
+                  "busy_wait_s": ns.busy_wait,
+                  "usage_per_chunk": {"auto": "auto", "on": True, "off": False}[ns.usage_per_chunk]}
     result, records = asyncio.run(cells.measure(cell, ns.url.rstrip("/"), ns.model, client_cfg,
                                                 progress=lambda m: print(m, file=sys.stderr)))
     doc = {"cell": cell.as_dict(), "url": ns.url, "model": ns.model, "client": client_cfg, "result": result}
@@ -116,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--stall-timeout", type=float, default=60.0, help="end a request after this many seconds "
                    "without a token")
     b.add_argument("--seed", type=int, default=0, help="prompt selection seed")
+    b.add_argument("--usage-per-chunk", choices=["auto", "on", "off"], default="auto",
+                   help="ask for the token count in every streamed event (exact when an event carries several "
+                   "tokens; costs the server per event); auto: only for decode, whose requests are cut at the "
+                   "window's end")
     b.add_argument("--busy-wait", type=float, default=30.0, help="seconds to wait for a server busy with other "
                    "requests to drain before the cell fails")
     b.add_argument("--out", required=True, help="result JSON (requests go beside it as .requests.parquet)")

@@ -48,6 +48,31 @@ class _Event(msgspec.Struct):
 _decode_event = msgspec.json.Decoder(_Event).decode
 
 
+@dataclass(frozen=True)
+class RequestOptions:
+    """What every request of a cell asks for, and how long the client waits for a token."""
+
+    max_tokens: int
+    stall_timeout_s: float = 60.0
+    ignore_eos: bool = False
+    # Ask the server for the running token count in every event (vLLM's continuous_usage_stats):
+    # exact tokens per event even when one carries several (speculative decoding, a lagging API
+    # server) and for a request cut at a window's end. It costs the server work per event; without
+    # it the final usage event gives each finished request's exact total (docs/fidelity.md).
+    usage_per_chunk: bool = True
+
+    def payload(self, model: str, prompt: list[int] | str) -> dict[str, Any]:
+        return {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": self.max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": self.usage_per_chunk},
+            "ignore_eos": self.ignore_eos,
+        }
+
+
 @dataclass
 class RequestRecord:
     index: int
@@ -63,6 +88,9 @@ class RequestRecord:
     cut_at_window_end: bool = False
     error: str | None = None
     phase: str = ""  # prefix-cache cells: "cold" or "warm"
+    # tokens the final usage event added to (or took from) the events' count: spread evenly over the
+    # events (only without per-event usage, when an event carried several tokens)
+    tokens_reconciled: int = 0
 
     @property
     def output_tokens(self) -> int:
@@ -77,24 +105,15 @@ async def stream_completion(
     base_url: str,
     model: str,
     prompt: list[int] | str,
-    max_tokens: int,
+    opts: RequestOptions,
     record: RequestRecord,
     t0: float,
-    stall_timeout_s: float,
     deadline: float | None = None,
-    ignore_eos: bool = False,
     headers: dict[str, str] | None = None,
 ) -> RequestRecord:
     """Stream one completion into ``record``; stop reading at ``deadline`` (monotonic)."""
-    payload = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        "ignore_eos": ignore_eos,
-    }
+    payload = opts.payload(model, prompt)
+    stall_timeout_s = opts.stall_timeout_s
     now = time.monotonic
     last_usage = 0
     parts: list[str] = []  # joined once at the end (appending to an attribute copies the text every chunk)
@@ -150,12 +169,17 @@ async def stream_completion(
                         record.error = f"server error event: {str(msg.error)[:200]}"
                         done = True
                         break
-                    text = msg.choices[0].text if msg.choices else None
-                    if msg.usage is not None and msg.usage.completion_tokens is not None:
-                        n = msg.usage.completion_tokens - last_usage
-                        last_usage = msg.usage.completion_tokens
+                    usage = msg.usage.completion_tokens if msg.usage is not None else None
+                    if not msg.choices:
+                        if usage is not None:  # the final usage event: the request's exact total
+                            _reconcile(record, usage)
+                        continue
+                    text = msg.choices[0].text
+                    if usage is not None:
+                        n = usage - last_usage
+                        last_usage = usage
                     else:
-                        n = 1 if text else 0
+                        n = 1  # an event carries at least one token; the final usage corrects the count
                     if n > 0:
                         if record.first_token is None:
                             record.first_token = arrived
@@ -175,6 +199,28 @@ async def stream_completion(
     return record
 
 
+def _reconcile(record: RequestRecord, total: int) -> None:
+    """Make the events' token counts add up to the server's total, spreading any difference evenly."""
+    diff = total - sum(record.chunk_tokens)
+    if diff == 0 or not record.chunk_tokens:
+        return
+    record.tokens_reconciled = diff
+    k = len(record.chunk_tokens)
+    # the first event follows prefill and carries one token; spread over the decode events after it
+    idx = list(range(1, k)) if k > 1 else [0]
+    if diff > 0:
+        base, extra = divmod(diff, len(idx))
+        for j, i in enumerate(idx):
+            record.chunk_tokens[i] += base + (1 if j < extra else 0)
+    else:
+        for i in reversed(range(k)):  # fewer tokens than events: take them from the last events
+            take = min(-diff, record.chunk_tokens[i])
+            record.chunk_tokens[i] -= take
+            diff += take
+            if diff == 0:
+                break
+
+
 def _session(concurrency: int) -> aiohttp.ClientSession:
     """One HTTP session for a cell: a connection per request in flight, no overall timeout
     (a request ends by its own stall timeout or the cell's window)."""
@@ -188,9 +234,7 @@ async def closed_loop(
     make_prompt: Callable[[int], list[int]],
     concurrency: int,
     duration_s: float,
-    max_tokens: int,
-    stall_timeout_s: float = 60.0,
-    ignore_eos: bool = False,
+    opts: RequestOptions,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[float, list[RequestRecord]]:
     """Sustained decode: ``concurrency`` requests in flight for ``duration_s``;
@@ -207,9 +251,7 @@ async def closed_loop(
                 prompt = make_prompt(i)
                 rec = RequestRecord(index=i, worker=w, prompt_tokens=len(prompt), start=time.monotonic() - t0)
                 records.append(rec)
-                await stream_completion(
-                    session, base_url, model, prompt, max_tokens, rec, t0, stall_timeout_s, deadline, ignore_eos
-                )
+                await stream_completion(session, base_url, model, prompt, opts, rec, t0, deadline)
                 if rec.error and not rec.cut_at_window_end:
                     # do not hammer a failing server: a failed request ends this worker
                     return
@@ -235,9 +277,7 @@ async def fixed_count(
     make_prompt: Callable[[int], list[int]],
     requests: int,
     concurrency: int,
-    max_tokens: int,
-    stall_timeout_s: float = 60.0,
-    ignore_eos: bool = False,
+    opts: RequestOptions,
     phase: str = "",
     first_index: int = 0,
 ) -> tuple[float, list[RequestRecord]]:
@@ -256,8 +296,7 @@ async def fixed_count(
                 rec = RequestRecord(index=i, worker=w, prompt_tokens=len(prompt), start=time.monotonic() - t0,
                                     phase=phase)
                 records.append(rec)
-                await stream_completion(session, base_url, model, prompt, max_tokens, rec, t0, stall_timeout_s,
-                                        None, ignore_eos)
+                await stream_completion(session, base_url, model, prompt, opts, rec, t0)
 
         await asyncio.gather(*(worker(w) for w in range(min(concurrency, requests))))
         wall = time.monotonic() - t0
@@ -269,9 +308,7 @@ async def sequential(
     base_url: str,
     model: str,
     prompts: list[list[int]],
-    max_tokens: int,
-    stall_timeout_s: float = 60.0,
-    ignore_eos: bool = False,
+    opts: RequestOptions,
 ) -> list[RequestRecord]:
     """One request at a time (prefill and latency cells)."""
     out = []
@@ -279,7 +316,6 @@ async def sequential(
         for i, prompt in enumerate(prompts):
             t0 = time.monotonic()
             rec = RequestRecord(index=i, worker=0, prompt_tokens=len(prompt), start=0.0)
-            await stream_completion(session, base_url, model, prompt, max_tokens, rec, t0, stall_timeout_s,
-                                    None, ignore_eos)
+            await stream_completion(session, base_url, model, prompt, opts, rec, t0)
             out.append(rec)
     return out

@@ -22,6 +22,8 @@ COUNTERS = {
     "prefix_cache_queries": "vllm:prefix_cache_queries_total",
     "prefix_cache_hits": "vllm:prefix_cache_hits_total",
     "preemptions": "vllm:num_preemptions_total",
+    # every request the engine finished, whatever the reason (length, stop, abort, ...)
+    "requests_finished": "vllm:request_success_total",
 }
 GAUGES = {
     "running": "vllm:num_requests_running",
@@ -81,7 +83,7 @@ def snapshot(samples: dict[Sample, float]) -> dict[str, float | None]:
 
 
 # what delta() derives: the counter fields of a cell's result
-DELTA_KEYS = ("server_generation_tokens", "server_prompt_tokens", "preemptions", "spec_decode_acceptance_rate",
+DELTA_KEYS = ("server_generation_tokens", "server_prompt_tokens", "server_requests_finished", "preemptions", "spec_decode_acceptance_rate",
               "spec_decode_acceptance_length", "prefix_cache_hit_rate", "prefix_cache_queries", "prefix_cache_hits",
               "spec_decode_per_position_acceptance")
 
@@ -98,6 +100,7 @@ def delta(before: dict[str, float | None], after: dict[str, float | None]) -> di
     out: dict[str, Any] = {
         "server_generation_tokens": d.get("generation_tokens"),
         "server_prompt_tokens": d.get("prompt_tokens"),
+        "server_requests_finished": d.get("requests_finished"),
         "preemptions": d.get("preemptions"),
         "spec_decode_acceptance_rate": (acc / draft_tok) if draft_tok else None,
         # mean tokens emitted per draft step: 1 (the verified token) + accepted drafts

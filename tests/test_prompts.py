@@ -1,0 +1,46 @@
+"""Prompts: exact token counts, unique starts, a shared prefix that is really shared, reproducible from the seed."""
+
+from __future__ import annotations
+
+import pytest
+
+from speedmatrix.prompts import NONCE_TOKENS, PromptSource
+
+CORPUS = list(range(1000, 1500))
+INSTRUCTION = [7, 8, 9, 10]
+
+
+def source(nonce: str = "n1", seed: int = 0) -> PromptSource:
+    return PromptSource(corpus_ids=CORPUS, instruction_ids=INSTRUCTION, seed=seed, nonce=nonce)
+
+
+@pytest.mark.parametrize("context", [1, 5, 12, 13, 100, 4096])
+def test_prompt_has_exactly_the_context_length(context):
+    assert len(source().prompt(0, context, "cell")) == context
+
+
+def test_prompt_ends_with_the_instruction_and_starts_unique():
+    s = source()
+    a, b = s.prompt(0, 256, "cell"), s.prompt(1, 256, "cell")
+    assert a[-len(INSTRUCTION):] == INSTRUCTION
+    assert a[:NONCE_TOKENS] != b[:NONCE_TOKENS]  # no cached block can serve one request's prompt to another
+
+
+def test_same_seed_and_nonce_rebuild_the_same_prompts_and_a_new_nonce_changes_them():
+    assert source("n1").prompt(3, 300, "c") == source("n1").prompt(3, 300, "c")
+    assert source("n1").prompt(3, 300, "c")[:NONCE_TOKENS] != source("n2").prompt(3, 300, "c")[:NONCE_TOKENS]
+    assert source(seed=1).prompt(3, 300, "c") != source(seed=2).prompt(3, 300, "c")
+
+
+def test_shared_prefix_is_identical_across_requests_and_the_rest_is_not():
+    s = source()
+    shared = 896
+    a = s.shared_prefix_prompt(0, 1024, shared, "cell")
+    b = s.shared_prefix_prompt(9, 1024, shared, "cell")
+    assert len(a) == len(b) == 1024
+    assert a[:shared] == b[:shared]
+    assert a[shared:shared + NONCE_TOKENS] != b[shared:shared + NONCE_TOKENS]
+    # another cell shares nothing with this one
+    assert s.shared_prefix_prompt(0, 1024, shared, "other")[:NONCE_TOKENS] != a[:NONCE_TOKENS]
+    with pytest.raises(ValueError):
+        s.shared_prefix_prompt(0, 1024, 1024, "cell")
