@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,51 @@ def test_token_variant():
     ids = list(range(50)) + [5, 6, 7] * 500
     v = loops.detect_tokens(ids)
     assert v["looped"] and v["period_tokens"] == 3 and v["onset_token"] <= 50
+
+
+# ----------------------------------------------------------------- the labelled corpus (tests/data/loops)
+
+CORPUS_DIR = Path(__file__).parent / "data" / "loops" / "natural"
+NATURAL_FILES = sorted(CORPUS_DIR.iterdir())
+INCREMENTING = [
+    "Step {i}: check the value and continue.\n",
+    "- Item {i}: review the open tickets for this week\n",
+    "Retrying the request (attempt {i}) because the server did not answer in time.\n",
+    "Chapter {i}\n\nThe road went on and the travellers walked on with it.\n\n",
+    "## Question {i}\nWhat is the answer to this question?\n",
+]
+
+
+def test_the_corpus_is_labelled_and_varied():
+    kinds = {p.name.split("_")[0] for p in NATURAL_FILES}
+    assert {"code", "json", "jsonl", "markdown", "poetry", "logs", "numeric"} <= kinds
+    assert len([p for p in NATURAL_FILES if p.name.startswith("code_")]) >= 4  # several languages
+
+
+def test_no_false_positive_on_natural_texts():
+    texts = {p.name: p.read_text() for p in NATURAL_FILES}
+    texts.update({"prose": corpus.text("prose"), "code": corpus.text("code")})
+    flagged = {name: loops.detect(t).as_dict() for name, t in texts.items()
+               if loops.detect(t).looped or loops.detect(t).suspected}
+    assert flagged == {}, f"{len(flagged)} of {len(texts)} natural texts flagged: {sorted(flagged)}"
+
+
+@pytest.mark.parametrize("head", ["prose", "code_python.txt", "json_records.json", "poetry_refrain.txt"])
+def test_every_verbatim_loop_is_found(head):
+    start = corpus.text("prose")[:800] if head == "prose" else (CORPUS_DIR / head).read_text()[:800]
+    missed = []
+    for period in (1, 2, 3, 5, 8, 13, 40, 99, 250, 640, 1000, 1500, 2000):
+        rng = random.Random(period)
+        unit = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ,.;\n") for _ in range(period))
+        text = start + unit * max(4, -(-4200 // period))
+        v = loops.detect(text)
+        if not (v.looped and v.period_chars == period and v.onset_char <= len(start)):
+            missed.append((period, v.as_dict()))
+    assert missed == [], f"{len(missed)} verbatim loops missed"
+
+
+@pytest.mark.parametrize("template", INCREMENTING)
+def test_incrementing_loops_are_at_least_suspected(template):
+    text = corpus.text("prose")[:600] + "".join(template.format(i=i) for i in range(1, 120))
+    v = loops.detect(text)
+    assert v.suspected and not v.looped, v.as_dict()

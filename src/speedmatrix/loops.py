@@ -9,7 +9,9 @@ least ``min_repeats`` times.
 
 A second pass runs on a normalized copy (every digit run folded to "0",
 every whitespace run to one space) and catches incrementing loops
-("Step 7: ...", "Step 8: ...") as *suspected*.
+("Step 7: ...", "Step 8: ...") as *suspected*, when the repeated unit holds
+at least ``normalized_min_words`` words: numbers alone (an array, metric
+records) fold to a repeating unit without being a loop.
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ DEFAULTS = {
     "looped_min_coverage_chars": 4096,
     "suspected_min_repeats": 3,
     "suspected_min_coverage_chars": 1024,
+    # the normalized pass only counts a unit with this many words (2+ letters): an incrementing
+    # loop repeats a sentence; a numeric array or metric records fold to a wordless unit
+    "normalized_min_words": 4,
 }
+_WORD = re.compile(r"[^\W\d_]{2,}")
 
 
 @dataclass
@@ -102,7 +108,7 @@ def detect(text: str, **thresholds: Any) -> Verdict:
         norm = normalize(text)
         if norm != text:
             _, n_susp, n_cov, n_per = _judge(norm, th)
-            if n_susp:
+            if n_susp and len(_WORD.findall(norm[len(norm) - n_per:])) >= th["normalized_min_words"]:
                 suspected, normalized = True, True
                 # map coverage on the normalized copy back to an approximate onset
                 cov = min(len(text), round(n_cov * len(text) / max(1, len(norm))))
@@ -130,3 +136,73 @@ def detect_tokens(token_ids: Sequence[int], min_repeats: float = 4, min_coverage
         "coverage_tokens": cov,
         "onset_token": len(token_ids) - cov if cov else None,
     }
+
+
+class OnlineWatch:
+    """Loop watch over a stream while it arrives: cheap enough to run on every request.
+
+    The stream's pieces stay in the caller's list; every ``check_every_chars``
+    of new text the watch folds them into a window of the last ``window``
+    characters and looks for a verbatim loop at its end with C-speed string
+    operations: the most recent earlier occurrence of the last 64 characters
+    gives a candidate period p, and the tail is periodic with p when
+    ``tail[p:] == tail[:-p]`` over max(min_coverage, min_repeats x p)
+    characters. A hit is confirmed by :func:`detect` on the window (the
+    offline verdict, same thresholds), so the watch never stops a request the
+    loop stage would not call looped.
+    """
+
+    NEEDLE = 64
+    CANDIDATES = 4
+
+    def __init__(self, check_every_chars: int = 2048, **thresholds: Any) -> None:
+        self.th = {**DEFAULTS, **thresholds}
+        self.check_every_chars = check_every_chars
+        self.window_chars = 2 * max(self.th["looped_min_coverage_chars"], 8192)
+        self._window = ""
+        self._consumed = 0  # pieces already folded into the window
+        self._chars_at_check = 0
+        self.chars = 0
+        self.checks = 0
+        self.verdict: Verdict | None = None
+        self.next_at = 0  # fold and maybe check when the caller's piece count reaches this
+
+    def update(self, parts: list[str]) -> bool:
+        """Fold new pieces in; True when the stream is looping (the verdict is in ``self.verdict``)."""
+        new = "".join(parts[self._consumed:])
+        self._consumed = len(parts)
+        self.chars += len(new)
+        self._window = (self._window + new)[-self.window_chars:]
+        # pieces are a few characters: look again after about check_every_chars more
+        self.next_at = len(parts) + max(1, self.check_every_chars // 8)
+        if self.chars - self._chars_at_check < self.check_every_chars:
+            return False
+        self._chars_at_check = self.chars
+        self.checks += 1
+        if not self._tail_is_periodic():
+            return False
+        v = detect(self._window, **self.th)
+        if v.looped:
+            v.onset_char = None if v.onset_char is None else self.chars - len(self._window) + v.onset_char
+            v.length_chars = self.chars
+            self.verdict = v
+            return True
+        return False
+
+    def _tail_is_periodic(self) -> bool:
+        w = self._window
+        n = len(w)
+        if n < self.th["looped_min_coverage_chars"]:
+            return False
+        needle = w[-self.NEEDLE:]
+        end = n - 1
+        for _ in range(self.CANDIDATES):
+            pos = w.rfind(needle, 0, end)
+            if pos < 0:
+                return False
+            p = n - self.NEEDLE - pos
+            span = max(self.th["looped_min_coverage_chars"], int(self.th["looped_min_repeats"] * p))
+            if span <= n and w[n - span + p:] == w[n - span:n - p]:
+                return True
+            end = pos + self.NEEDLE - 1
+        return False
