@@ -5,7 +5,8 @@ tokens), ``malformed`` (a broken event), ``drop`` (closes the connection mid
 stream), ``http500``, ``multi`` (two tokens an event, the count only in the final usage event). Used to check that the client ends every request with a
 recorded reason instead of hanging.
 
-``/tokenize`` answers one id per character (enough to size prompts). Without
+``/tokenize`` answers one id per character and ``/detokenize`` turns them back
+(enough to size prompts). Without
 ``running`` there is no ``/metrics`` (like any OpenAI-compatible server that is
 not vLLM); with ``app(running=N)`` ``/metrics`` reports N requests running
 that are not the client's (a busy server).
@@ -71,6 +72,11 @@ async def tokenize(request: web.Request) -> web.Response:
     return web.json_response({"tokens": [ord(ch) % 256 for ch in payload["prompt"]]})
 
 
+async def detokenize(request: web.Request) -> web.Response:
+    payload = await request.json()
+    return web.json_response({"prompt": "".join(chr(t) for t in payload["tokens"])})
+
+
 def metrics_handler(running: int):
     async def handler(request: web.Request) -> web.Response:
         text = ("# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
@@ -87,6 +93,7 @@ def app(running: int | None = None) -> web.Application:
     a = web.Application()
     a.router.add_post("/v1/completions", completions)
     a.router.add_post("/tokenize", tokenize)
+    a.router.add_post("/detokenize", detokenize)
     if running is not None:
         a.router.add_get("/metrics", metrics_handler(running))
     return a

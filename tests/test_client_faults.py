@@ -91,8 +91,9 @@ def test_a_server_without_vllm_metrics_gets_absent_counters_and_the_cell_still_r
     # every counter field is present and recorded as absent (None), not guessed
     for key in (*DELTA_KEYS, "kv_cache_size_tokens", "token_count_gap", "server_running_mean"):
         assert key in result and result[key] is None, key
-    # the prompts were sized exactly with the server's /tokenize
-    assert all(r.prompt_tokens == 64 for r in records)
+    # the prompts were sized exactly with the server's /tokenize, and sent as text
+    assert all(r.prompt_tokens == 64 and r.prompt_format == "text" for r in records)
+    assert result["prompt_format"] == "text" and result["prompts_sent_as_token_ids"] == 0
 
 
 def test_a_busy_server_fails_the_cell_before_anything_is_sent():

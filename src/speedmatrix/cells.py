@@ -149,6 +149,73 @@ def request_options(cell: Cell, client_cfg: dict[str, Any]) -> client.RequestOpt
     )
 
 
+async def _run_workload(cell: Cell, url: str, model: str, opts: client.RequestOptions,
+                        source: prompts.PromptSource, build: Callable, sampler: "GaugeSampler",
+                        before_raw: dict[str, Any], client_cfg: dict[str, Any],
+                        progress: Callable[[str], None]) -> tuple[dict, list, dict, float]:
+    """Send the cell's requests: (figures, records, passes of a prefix-cache cell, wall-clock start)."""
+    salt = f"{cell.server_id}/{cell.id}"
+    ctx = cell.context_tokens
+    passes: dict[str, dict[str, Any]] = {}
+    if cell.workload == "decode":
+        # built before the window; a cell that needs more builds them as it goes
+        pool = await build([source.prompt(i, ctx, salt) for i in range(2 * cell.concurrency + 8)])
+
+        async def make(i: int):
+            return pool[i] if i < len(pool) else (await build([source.prompt(i, ctx, salt)]))[0]
+    elif cell.workload == "prefix_cache":
+        shared = round(cell.shared_prefix * ctx)
+        ready = {phase: await build([source.shared_prefix_prompt(i, ctx, shared, salt)
+                                     for i in range(k * cell.requests, (k + 1) * cell.requests)])
+                 for k, phase in enumerate(("cold", "warm"))}
+    else:
+        ready_list = await build([source.prompt(i, ctx, salt) for i in range(cell.requests)])
+    t_wall = time.time()
+    sampler.start()
+    if cell.workload == "decode":
+        progress(f"decode: {cell.concurrency} at once for {cell.duration_s:g} s, context {ctx}")
+        _, records = await asyncio.wait_for(
+            client.closed_loop(url, model, make, cell.concurrency, cell.duration_s, opts, progress),
+            timeout=float(client_cfg.get("cell_timeout_s", cell.duration_s + opts.stall_timeout_s + 120)),
+        )
+        figures = stats.decode(records, cell.duration_s)
+    elif cell.workload == "prefill":
+        progress(f"prefill: {cell.requests} single requests at context {ctx}")
+        records = await client.sequential(url, model, ready_list, opts)
+        figures = stats.prefill(records, ctx)
+    elif cell.workload == "latency":
+        progress(f"latency: {cell.requests} requests one at a time, context {ctx}")
+        t0 = time.monotonic()
+        records = await client.sequential(url, model, ready_list, opts)
+        figures = stats.fixed(records, time.monotonic() - t0)
+    elif cell.workload == "capacity":
+        progress(f"capacity: {cell.requests} requests, {cell.concurrency} at once, context {ctx}, "
+                 f"cap {cell.max_tokens} tokens")
+        wall, records = await client.fixed_count(url, model, lambda i: ready_list[i], cell.requests,
+                                                 cell.concurrency, opts)
+        figures = stats.fixed(records, wall)
+    elif cell.workload == "prefix_cache":
+        records = []
+        snap = metrics.snapshot(before_raw)
+        for k, phase in enumerate(("cold", "warm")):
+            progress(f"prefix cache, {phase} pass: {cell.requests} requests, {cell.concurrency} at once, "
+                     f"{shared} of {ctx} tokens shared")
+            first = k * cell.requests
+            wall, recs = await client.fixed_count(url, model, lambda i, ps=ready[phase], f=first: ps[i - f],
+                                                  cell.requests, cell.concurrency, opts, phase=phase,
+                                                  first_index=first)
+            after = metrics.snapshot(await _counters(url))
+            passes[phase] = {**stats.fixed(recs, wall), **metrics.delta(snap, after),
+                             "client_output_tokens": sum(r.output_tokens for r in recs)}
+            snap = after
+            records += recs
+        figures = {k: v for k, v in passes["warm"].items() if k not in metrics.DELTA_KEYS}
+        figures["shared_prefix_tokens"] = shared
+    else:
+        raise CellError(f"unknown workload {cell.workload!r}")
+    return figures, records, passes, t_wall
+
+
 async def measure(
     cell: Cell,
     url: str,
@@ -166,7 +233,9 @@ async def measure(
     opts = request_options(cell, client_cfg)
     ignore_eos = opts.ignore_eos
     busy_wait_s = float(client_cfg.get("busy_wait_s", 30.0))
+    prompt_format = client_cfg.get("prompt_format", "text")
     nonce = secrets.token_hex(4)
+    # this session stays open through the measurement: it builds text prompts a decode cell needs late
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         before_raw = await _scrape(session, url)
         kv = metrics.cache_info(before_raw)["kv_cache_size_tokens"]
@@ -177,6 +246,7 @@ async def measure(
             "server_metrics": "present" if before_raw else "absent",
             "ignore_eos": ignore_eos,
             "usage_per_chunk": opts.usage_per_chunk,
+            "prompt_format": prompt_format,
             "prompt_seed": seed,
             "prompt_nonce": nonce,
         }
@@ -186,56 +256,16 @@ async def measure(
         before_raw = await wait_until_idle(session, url, busy_wait_s, progress)
         source = await prompts.from_server(session, url, model, seed=seed, kind=cell.corpus, nonce=nonce,
                                            headers=client.auth_headers())
-    salt = f"{cell.server_id}/{cell.id}"
-    sampler = GaugeSampler(url, float(client_cfg.get("metrics_interval_s", 0)))
-    t_wall = time.time()
-    sampler.start()
-    passes: dict[str, dict[str, Any]] = {}
-    if cell.workload == "decode":
-        progress(f"decode: {cell.concurrency} at once for {cell.duration_s:g} s, context {cell.context_tokens}")
-        _, records = await asyncio.wait_for(
-            client.closed_loop(url, model, lambda i: source.prompt(i, cell.context_tokens, salt),
-                               cell.concurrency, cell.duration_s, opts, progress),
-            timeout=float(client_cfg.get("cell_timeout_s", cell.duration_s + opts.stall_timeout_s + 120)),
-        )
-        figures = stats.decode(records, cell.duration_s)
-    elif cell.workload == "prefill":
-        progress(f"prefill: {cell.requests} single requests at context {cell.context_tokens}")
-        ps = [source.prompt(i, cell.context_tokens, salt) for i in range(cell.requests)]
-        records = await client.sequential(url, model, ps, opts)
-        figures = stats.prefill(records, cell.context_tokens)
-    elif cell.workload == "latency":
-        progress(f"latency: {cell.requests} requests one at a time, context {cell.context_tokens}")
-        ps = [source.prompt(i, cell.context_tokens, salt) for i in range(cell.requests)]
-        t0 = time.monotonic()
-        records = await client.sequential(url, model, ps, opts)
-        figures = stats.fixed(records, time.monotonic() - t0)
-    elif cell.workload == "capacity":
-        progress(f"capacity: {cell.requests} requests, {cell.concurrency} at once, context {cell.context_tokens}, "
-                 f"cap {cell.max_tokens} tokens")
-        wall, records = await client.fixed_count(url, model, lambda i: source.prompt(i, cell.context_tokens, salt),
-                                                 cell.requests, cell.concurrency, opts)
-        figures = stats.fixed(records, wall)
-    elif cell.workload == "prefix_cache":
-        shared = round(cell.shared_prefix * cell.context_tokens)
-        records = []
-        snap = metrics.snapshot(before_raw)
-        for k, phase in enumerate(("cold", "warm")):
-            progress(f"prefix cache, {phase} pass: {cell.requests} requests, {cell.concurrency} at once, "
-                     f"{shared} of {cell.context_tokens} tokens shared")
-            wall, recs = await client.fixed_count(
-                url, model, lambda i: source.shared_prefix_prompt(i, cell.context_tokens, shared, salt),
-                cell.requests, cell.concurrency, opts, phase=phase,
-                first_index=k * cell.requests)
-            after = metrics.snapshot(await _counters(url))
-            passes[phase] = {**stats.fixed(recs, wall), **metrics.delta(snap, after),
-                             "client_output_tokens": sum(r.output_tokens for r in recs)}
-            snap = after
-            records += recs
-        figures = {k: v for k, v in passes["warm"].items() if k not in metrics.DELTA_KEYS}
-        figures["shared_prefix_tokens"] = shared
-    else:
-        raise CellError(f"unknown workload {cell.workload!r}")
+        aligner = (prompts.TextAligner(session, url, model, client.auth_headers())
+                   if prompt_format == "text" else None)
+
+        async def build(id_lists: list[list[int]]) -> list:
+            """The prompts as sent: text checked by the server's tokenizer, or the ids themselves."""
+            return await aligner.many(id_lists, source.corpus_ids[:256]) if aligner else id_lists
+
+        sampler = GaugeSampler(url, float(client_cfg.get("metrics_interval_s", 0)))
+        figures, records, passes, t_wall = await _run_workload(cell, url, model, opts, source, build, sampler,
+                                                               before_raw, client_cfg, progress)
     gauges = await sampler.stop()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         # every request of the cell has ended on the client; the server must drain too (a request cut
@@ -245,6 +275,10 @@ async def measure(
     received = sum(r.output_tokens for r in records)
     gen = counters.get("server_generation_tokens")
     gap = None if gen is None else gen - received
+    if aligner and aligner.fallbacks:
+        progress(f"{aligner.fallbacks} prompt(s) could not be made exact as text and were sent as token ids")
+    base["prompts_sent_as_token_ids"] = sum(1 for r in records if r.prompt_format == "token_ids")
+    finished = counters.get("server_requests_finished")  # the whole cell's, both passes of a prefix-cache cell
     if passes:  # a prefix-cache cell's headline figures are its warm pass's
         counters.update({k: passes["warm"][k] for k in metrics.DELTA_KEYS})
     n = len(records)
@@ -255,7 +289,6 @@ async def measure(
         kinds = sorted({r.error for r in records if r.error})[:3]
         raise CellError(f"{failed} of {n} requests failed: {'; '.join(kinds)}")
     peak = gauges["server_running_max"]
-    finished = counters.get("server_requests_finished")
     if ((peak is not None and peak + (gauges["server_waiting_max"] or 0) > cell.concurrency)
             or (finished is not None and finished > n)):
         raise CellError(
@@ -298,11 +331,12 @@ def request_table(records: list[client.RequestRecord], ident: dict[str, Any]) ->
             "cut_at_window_end": r.cut_at_window_end,
             "error": r.error,
             "tokens_reconciled": r.tokens_reconciled,
+            "prompt_format": r.prompt_format,
             "phase": r.phase,
             "text": r.text,
         })
     cols = ["request_index", "worker", "prompt_tokens", "start_s", "ttft_ms", "end_s", "output_tokens", "chunks",
-            "finish_reason", "cut_at_window_end", "error", "tokens_reconciled", "phase", "text"]
+            "finish_reason", "cut_at_window_end", "error", "tokens_reconciled", "prompt_format", "phase", "text"]
     return pd.DataFrame(rows, columns=list(ident) + cols)
 
 

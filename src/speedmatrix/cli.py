@@ -29,7 +29,8 @@ def cmd_bench(ns: argparse.Namespace) -> int:
                 shared_prefix=ns.shared_prefix if ns.workload == "prefix_cache" else None, corpus=ns.corpus)
     client_cfg = {"stall_timeout_s": ns.stall_timeout, "ignore_eos": ns.ignore_eos, "seed": ns.seed,
                   "busy_wait_s": ns.busy_wait,
-                  "usage_per_chunk": {"auto": "auto", "on": True, "off": False}[ns.usage_per_chunk]}
+                  "usage_per_chunk": {"auto": "auto", "on": True, "off": False}[ns.usage_per_chunk],
+                  "prompt_format": ns.prompt_format}
     result, records = asyncio.run(cells.measure(cell, ns.url.rstrip("/"), ns.model, client_cfg,
                                                 progress=lambda m: print(m, file=sys.stderr)))
     doc = {"cell": cell.as_dict(), "url": ns.url, "model": ns.model, "client": client_cfg, "result": result}
@@ -117,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--stall-timeout", type=float, default=60.0, help="end a request after this many seconds "
                    "without a token")
     b.add_argument("--seed", type=int, default=0, help="prompt selection seed")
+    b.add_argument("--prompt-format", choices=["text", "token_ids"], default="text",
+                   help="send prompts as text (checked by the server's /tokenize to be exactly --context tokens; "
+                   "the server's tokenization is measured, as users see it) or as token ids")
     b.add_argument("--usage-per-chunk", choices=["auto", "on", "off"], default="auto",
                    help="ask for the token count in every streamed event (exact when an event carries several "
                    "tokens; costs the server per event); auto: only for decode, whose requests are cut at the "

@@ -12,7 +12,7 @@ dropped connection each end it with ``error`` set.
 from __future__ import annotations
 
 import asyncio
-import json
+import inspect
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -88,6 +88,7 @@ class RequestRecord:
     cut_at_window_end: bool = False
     error: str | None = None
     phase: str = ""  # prefix-cache cells: "cold" or "warm"
+    prompt_format: str = "token_ids"  # or "text" (checked to be prompt_tokens long by the server's tokenizer)
     # tokens the final usage event added to (or took from) the events' count: spread evenly over the
     # events (only without per-event usage, when an event carried several tokens)
     tokens_reconciled: int = 0
@@ -199,6 +200,19 @@ async def stream_completion(
     return record
 
 
+PromptLike = Any  # a list of token ids, or a speedmatrix.prompts.Prompt (text with its token count)
+
+
+async def _resolve(make_prompt: Callable[[int], Any], i: int) -> tuple[str | list[int], int, str]:
+    """(what to send, its token count, its format) for request i; make_prompt may be async."""
+    p = make_prompt(i)
+    if inspect.isawaitable(p):
+        p = await p
+    if isinstance(p, list):
+        return p, len(p), "token_ids"
+    return p.value, p.tokens, p.format
+
+
 def _reconcile(record: RequestRecord, total: int) -> None:
     """Make the events' token counts add up to the server's total, spreading any difference evenly."""
     diff = total - sum(record.chunk_tokens)
@@ -231,7 +245,7 @@ def _session(concurrency: int) -> aiohttp.ClientSession:
 async def closed_loop(
     base_url: str,
     model: str,
-    make_prompt: Callable[[int], list[int]],
+    make_prompt: Callable[[int], PromptLike],
     concurrency: int,
     duration_s: float,
     opts: RequestOptions,
@@ -248,8 +262,9 @@ async def closed_loop(
         async def worker(w: int) -> None:
             while time.monotonic() < deadline:
                 i = next(counter)
-                prompt = make_prompt(i)
-                rec = RequestRecord(index=i, worker=w, prompt_tokens=len(prompt), start=time.monotonic() - t0)
+                prompt, n, fmt = await _resolve(make_prompt, i)
+                rec = RequestRecord(index=i, worker=w, prompt_tokens=n, start=time.monotonic() - t0,
+                                    prompt_format=fmt)
                 records.append(rec)
                 await stream_completion(session, base_url, model, prompt, opts, rec, t0, deadline)
                 if rec.error and not rec.cut_at_window_end:
@@ -274,7 +289,7 @@ async def closed_loop(
 async def fixed_count(
     base_url: str,
     model: str,
-    make_prompt: Callable[[int], list[int]],
+    make_prompt: Callable[[int], PromptLike],
     requests: int,
     concurrency: int,
     opts: RequestOptions,
@@ -292,9 +307,9 @@ async def fixed_count(
 
         async def worker(w: int) -> None:
             for i in queue:
-                prompt = make_prompt(i)
-                rec = RequestRecord(index=i, worker=w, prompt_tokens=len(prompt), start=time.monotonic() - t0,
-                                    phase=phase)
+                prompt, n, fmt = await _resolve(make_prompt, i)
+                rec = RequestRecord(index=i, worker=w, prompt_tokens=n, start=time.monotonic() - t0,
+                                    phase=phase, prompt_format=fmt)
                 records.append(rec)
                 await stream_completion(session, base_url, model, prompt, opts, rec, t0)
 
@@ -307,15 +322,16 @@ async def fixed_count(
 async def sequential(
     base_url: str,
     model: str,
-    prompts: list[list[int]],
+    prompts: list[PromptLike],
     opts: RequestOptions,
 ) -> list[RequestRecord]:
     """One request at a time (prefill and latency cells)."""
     out = []
     async with _session(1) as session:
-        for i, prompt in enumerate(prompts):
+        for i, p in enumerate(prompts):
+            prompt, n, fmt = await _resolve(lambda _: p, i)
             t0 = time.monotonic()
-            rec = RequestRecord(index=i, worker=0, prompt_tokens=len(prompt), start=0.0)
+            rec = RequestRecord(index=i, worker=0, prompt_tokens=n, start=0.0, prompt_format=fmt)
             await stream_completion(session, base_url, model, prompt, opts, rec, t0)
             out.append(rec)
     return out

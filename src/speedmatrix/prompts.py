@@ -16,12 +16,23 @@ is sent as exactly ``context`` token ids:
 
 For prefix-cache cells a shared part (its own nonce and window, the same for
 every request of the cell) comes first and the per-request part follows.
+
+By default a prompt is sent as *text*, as users and ``vllm bench serve``
+send it, so the server's tokenization is part of what is measured: the ids
+are turned into text with the server's ``/detokenize`` and the text is
+checked with ``/tokenize`` to be exactly ``context`` tokens (cut or extended
+and checked again if the round trip merged tokens differently). A prompt
+that cannot be made exact is sent as its token ids instead, and the request
+records it (``prompt_format``). ``prompt_format: token_ids`` sends ids
+throughout (engine-side figures, without the server's tokenization).
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from . import corpus
 
@@ -85,3 +96,50 @@ async def from_server(session, base_url: str, model: str, seed: int = 0, kind: s
     if len(ids) < 64:
         raise RuntimeError(f"{base_url}/tokenize returned only {len(ids)} tokens for the {kind} corpus")
     return PromptSource(corpus_ids=ids, instruction_ids=await tokenize(INSTRUCTIONS[kind]), seed=seed, nonce=nonce)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What a request sends: text (checked to be ``tokens`` long by the server) or token ids."""
+
+    value: str | list[int]
+    tokens: int
+
+    @property
+    def format(self) -> str:
+        return "text" if isinstance(self.value, str) else "token_ids"
+
+
+class TextAligner:
+    """Turns token-id prompts into text of exactly the same token count, by the server's own tokenizer."""
+
+    ATTEMPTS = 3
+
+    def __init__(self, session, base_url: str, model: str, headers: dict[str, str] | None = None,
+                 parallel: int = 16) -> None:
+        self.session, self.base_url, self.model = session, base_url, model
+        self.headers = headers or {}
+        self._sem = asyncio.Semaphore(parallel)
+        self.fallbacks = 0
+
+    async def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        async with self._sem, self.session.post(f"{self.base_url}{path}", json={"model": self.model, **payload},
+                                                headers=self.headers) as resp:
+            resp.raise_for_status()
+            return await resp.json()
+
+    async def text(self, ids: list[int], filler: list[int]) -> Prompt:
+        """``ids`` as text of exactly len(ids) tokens; ``filler`` extends a text that came out short."""
+        want = len(ids)
+        cur = list(ids)
+        for _ in range(self.ATTEMPTS):
+            text = (await self._post("/detokenize", {"tokens": cur}))["prompt"]
+            got = (await self._post("/tokenize", {"prompt": text, "add_special_tokens": False}))["tokens"]
+            if len(got) == want:
+                return Prompt(text, want)
+            cur = got[:want] if len(got) > want else got + filler[: want - len(got)]
+        self.fallbacks += 1
+        return Prompt(list(ids), want)
+
+    async def many(self, id_lists: list[list[int]], filler: list[int]) -> list[Prompt]:
+        return list(await asyncio.gather(*(self.text(ids, filler) for ids in id_lists)))
