@@ -10,7 +10,7 @@ Injected delays, for timing error: ``--ttft-ms`` holds the first event back
 that long, and ``--gap-ms`` spaces the events on a fixed schedule (one event
 per write then).
 
-    python bench/fast_streamer.py PORT [--ttft-ms MS] [--gap-ms MS]
+    python bench/fast_streamer.py PORT [--ttft-ms MS] [--gap-ms MS] [--text words|loop]
 """
 
 from __future__ import annotations
@@ -18,11 +18,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 
 from aiohttp import web
 
 BATCH = 64
 DELAYS = {"ttft_ms": 0.0, "gap_ms": 0.0}
+# each event's text: a word drawn from a fixed seed (text that does not loop), or the same word
+WORDS = ("the of and to in is was for on that with as by at from his her it an be this which or are had not but "
+         "what all were when we there can more if no out so said one about up them some could into time only new "
+         "two may first then do any like my now over such our man me even most made after also did many before "
+         "must through back years where much your way well down should because each just those people how too "
+         "little state good very make world still own see men work long get here between both life being under "
+         "never day same another know while last might us great old year off come since against go came right used "
+         "take three").split()
+TEXT = {"mode": "words"}
 _EVENTS: dict[bool, list[bytes]] = {True: [], False: []}
 
 
@@ -37,9 +47,11 @@ def _usage(n: int) -> dict:
 def events(n: int, continuous_usage: bool) -> list[bytes]:
     """One event per token; with usage in each (vLLM's ``continuous_usage_stats``) or not."""
     evs = _EVENTS[continuous_usage]
+    rng = random.Random(len(evs))
     while len(evs) < n:
+        word = " " + rng.choice(WORDS) if TEXT["mode"] == "words" else " tok"
         body = {"id": "cmpl-bench", "object": "text_completion", "model": "bench",
-                "choices": [{"index": 0, "text": " tok", "logprobs": None, "finish_reason": None}]}
+                "choices": [{"index": 0, "text": word, "logprobs": None, "finish_reason": None}]}
         if continuous_usage:
             body["usage"] = _usage(len(evs) + 1)
         evs.append(_data(body))
@@ -88,6 +100,9 @@ if __name__ == "__main__":
     ap.add_argument("port", type=int)
     ap.add_argument("--ttft-ms", type=float, default=0.0)
     ap.add_argument("--gap-ms", type=float, default=0.0)
+    ap.add_argument("--text", choices=["words", "loop"], default="words",
+                    help="event text: seeded words (no loop) or the same word every event (a loop)")
     ns = ap.parse_args()
     DELAYS.update(ttft_ms=ns.ttft_ms, gap_ms=ns.gap_ms)
+    TEXT["mode"] = ns.text
     web.run_app(app(), host="127.0.0.1", port=ns.port, print=None, access_log=None)

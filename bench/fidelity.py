@@ -82,7 +82,7 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
-def place_processes(pgid: int) -> list[str]:
+def place_processes(pgid: int, client_on: str = "worker") -> list[str]:
     """Fixed CPU placement for the run (2 cores: compute on one, everything else on the other).
 
     vLLM's CPU worker binds its threads to its cores (VLLM_CPU_OMP_THREADS_BIND); the API server
@@ -104,7 +104,8 @@ def place_processes(pgid: int) -> list[str]:
     for pid in others:
         subprocess.run(["taskset", "-a", "-p", "-c", ",".join(map(str, rest)), str(pid)], check=True,
                        capture_output=True)
-    return ["taskset", "-c", ",".join(map(str, sorted(worker_cores)))]
+    client_cores = sorted(worker_cores) if client_on == "worker" else rest
+    return ["taskset", "-c", ",".join(map(str, client_cores))]
 
 
 def run_ours(url: str, shape: tuple[int, int, int, int], out: Path, prefix: list[str]) -> dict:
@@ -142,19 +143,23 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5, help="alternations per shape (each: ours, then vLLM's)")
     ap.add_argument("--models-dir", default=str(REPO / "resources/models"))
+    ap.add_argument("--client-cores", choices=["worker", "other"], default="worker",
+                    help="run the clients on the vLLM worker's cores or on the others (with the API server)")
+    ap.add_argument("--shapes", default="all", help="indices into SHAPES, e.g. 1 or 0,2")
     ap.add_argument("--out", default=str(REPO / "bench/results/fidelity.json"))
     ns = ap.parse_args()
     if not (Path(ns.models_dir) / "tiny-gemma4/config.json").exists():
         raise SystemExit(f"no tiny model under {ns.models_dir}: run `make run` (or the model rule) first")
     # SIGTERM ends the run through the finally below, so the server never outlives it
     signal.signal(signal.SIGTERM, _terminate)
+    shapes = SHAPES if ns.shapes == "all" else [SHAPES[int(i)] for i in ns.shapes.split(",")]
     proc, url, log = start_server(ns.models_dir)
-    prefix = place_processes(proc.pid)
+    prefix = place_processes(proc.pid, ns.client_cores)
     print(f"client placement: {prefix or 'floating'}", flush=True)
     runs = []
     scratch = Path(tempfile.mkdtemp(prefix="fidelity-"))
     try:
-        for shape in SHAPES:
+        for shape in shapes:
             for rnd in range(ns.rounds):
                 order = ("speedmatrix", "vllm_bench_serve") if rnd % 2 == 0 else ("vllm_bench_serve", "speedmatrix")
                 for who in order:
@@ -174,7 +179,7 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
     summary = []
-    for shape in SHAPES:
+    for shape in shapes:
         key = dict(zip(("input", "output", "requests", "concurrency"), shape))
         med = {}
         for who in ("speedmatrix", "vllm_bench_serve"):

@@ -24,6 +24,9 @@ MATRIX_COLUMNS = [
     "server_running_mean", "prefix_cache_hits", "prefix_cache_queries",
     # prefix-cache cells: the main columns are the warm pass, these the cold pass
     "cold_ttft_ms", "cold_mean_ttft_ms", "cold_total_tok_s", "cold_prefix_cache_hit_rate",
+    # loops (docs/decisions: issue 5): the figure over the requests that did not loop, and trust in acceptance
+    "looped_requests", "total_tok_s_non_looping", "spec_acceptance_reliable", "loops_after_natural_end",
+    "prompt_format",
 ]
 
 
@@ -93,6 +96,11 @@ def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
         "cold_mean_ttft_ms": cold.get("mean_ttft_ms"),
         "cold_total_tok_s": cold.get("output_throughput"),
         "cold_prefix_cache_hit_rate": cold.get("prefix_cache_hit_rate"),
+        "looped_requests": loops.get("looped_requests"),
+        "total_tok_s_non_looping": loops.get("output_throughput_non_looping"),
+        "spec_acceptance_reliable": loops.get("spec_acceptance_reliable"),
+        "loops_after_natural_end": loops.get("loops_after_natural_end"),
+        "prompt_format": res.get("prompt_format"),
     }
 
 

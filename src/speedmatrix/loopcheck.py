@@ -1,4 +1,12 @@
-"""The loop stage of the DAG: judge every saved text of a cell, and the cell's status under a policy."""
+"""The loop stage of the DAG: judge every saved text of a cell, and the cell's status under a policy.
+
+Per request: looped, suspected, onset (characters and tokens), period, repeats,
+and whether the loop began after the model's natural end (when ``ignore_eos``
+forced generation past it). Per cell: the loop fraction, the status under
+the configured policy, throughput over the non-looping requests beside the
+all-request figure, and whether the speculative acceptance can be trusted (a
+drafter predicts a repeat easily: acceptance on looping output is inflated).
+"""
 
 from __future__ import annotations
 
@@ -8,39 +16,86 @@ import pandas as pd
 
 from . import loops
 
-POLICIES = ("any", "flag_only")
+# any: one looping request marks the cell looped (seed 002's rule); fraction: more than
+# max_loop_fraction of the requests; flag_only: never changes the status, only reports
+POLICIES = ("any", "fraction", "flag_only")
+POLICY_KEYS = ("policy", "max_loop_fraction")
+
+
+def onset_token(onset_char: int | None, chunk_chars: Any, chunk_tokens: Any) -> int | None:
+    """Output tokens before the streamed event that holds character ``onset_char``."""
+    if onset_char is None or chunk_chars is None or chunk_tokens is None or len(chunk_chars) == 0:
+        return None
+    chars = tokens = 0
+    for c, t in zip(chunk_chars, chunk_tokens):
+        if chars + c > onset_char:
+            return tokens
+        chars += c
+        tokens += t
+    return tokens
+
+
+def _natural_end(row: Any) -> int | None:
+    v = getattr(row, "natural_end_token", None)
+    return None if v is None or pd.isna(v) else int(v)
+
+
+def judge_request(row: Any, thresholds: dict[str, Any]) -> dict[str, Any]:
+    v = loops.detect(row.text or "", **thresholds)
+    onset_tok = onset_token(v.onset_char, getattr(row, "chunk_chars", None), getattr(row, "chunk_tokens", None))
+    natural = _natural_end(row)
+    return {
+        "request_index": int(row.request_index),
+        "looped": v.looped,
+        "loop_suspected": v.suspected,
+        "loop_period_chars": v.period_chars,
+        "loop_repeats": v.repeats,
+        "loop_coverage_chars": v.coverage_chars,
+        "loop_onset_char": v.onset_char,
+        "loop_onset_token": onset_tok,
+        "loop_normalized": v.normalized,
+        # the model had ended (its end-of-text token, generated past because of ignore_eos) before looping
+        "loop_after_natural_end": (None if natural is None or onset_tok is None or not v.suspected
+                                   else onset_tok >= natural),
+    }
 
 
 def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str, Any]) -> dict[str, Any]:
     settings = dict(settings)
     policy = settings.pop("policy", "any")
+    max_fraction = float(settings.pop("max_loop_fraction", 0.1))
+    settings.pop("stop_early", None)
     if policy not in POLICIES:
         raise ValueError(f"unknown loop policy {policy!r}; known: {', '.join(POLICIES)}")
-    per = []
-    for row in requests.itertuples(index=False):
-        v = loops.detect(row.text or "", **settings)
-        per.append({
-            "request_index": int(row.request_index),
-            "looped": v.looped,
-            "loop_suspected": v.suspected,
-            "loop_period_chars": v.period_chars,
-            "loop_repeats": v.repeats,
-            "loop_coverage_chars": v.coverage_chars,
-            "loop_onset_char": v.onset_char,
-        })
+    per = [judge_request(row, settings) for row in requests.itertuples(index=False)]
     n = len(per)
-    fraction = sum(p["looped"] for p in per) / n if n else None
+    n_looped = sum(p["looped"] for p in per)
+    fraction = n_looped / n if n else None
     suspected = sum(p["loop_suspected"] for p in per) / n if n else None
-    status = cell["result"]["status"]
-    if status == "valid" and policy == "any" and fraction:
+    res = cell["result"]
+    status = res["status"]
+    if status == "valid" and fraction and (policy == "any" or (policy == "fraction" and fraction > max_fraction)):
         status = "looped"
+    # throughput over the requests that did not loop, beside the all-request figure
+    looped_ids = {p["request_index"] for p in per if p["looped"]}
+    clean_tokens = int(requests.loc[~requests.request_index.isin(looped_ids), "output_tokens"].sum()) if n else 0
+    measured = res.get("measured_s") or res.get("duration")
+    after_end = [p["loop_after_natural_end"] for p in per if p["loop_after_natural_end"] is not None]
     return {
         "server_id": cell["cell"]["server_id"],
         "cell_id": cell["cell"]["cell_id"],
         "thresholds": {**loops.DEFAULTS, **settings},
         "policy": policy,
+        "max_loop_fraction": max_fraction if policy == "fraction" else None,
+        "looped_requests": n_looped,
         "loop_fraction": fraction,
         "suspected_fraction": suspected,
         "cell_status": status,
+        "output_throughput_non_looping": clean_tokens / measured if measured and n else None,
+        "output_tokens_non_looping": clean_tokens if n else None,
+        # acceptance counted over output that loops says little about the drafter
+        "spec_acceptance_reliable": (None if res.get("spec_decode_acceptance_rate") is None
+                                     else not n_looped),
+        "loops_after_natural_end": sum(after_end) if after_end else None,
         "requests": per,
     }

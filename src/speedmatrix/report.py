@@ -121,8 +121,8 @@ def prefix_cache_table(m: pd.DataFrame) -> str:
 def full_table(m: pd.DataFrame) -> str:
     head = ("| Phase | Context | Requests at once | Status | Total tok/s | Per request tok/s | TTFT | "
             "Time between tokens | Average active requests | Completed requests | Output tokens | Measured for | "
-            "Loop fraction |")
-    lines = [head, "|---" * 13 + "|"]
+            "Loop fraction | Total tok/s without looping requests |")
+    lines = [head, "|---" * 14 + "|"]
     order = {"prefill": 0, "latency": 1, "decode": 2, "capacity": 3, "prefix_cache": 4}
     m = m.assign(_o=m["workload"].map(order)).sort_values(["_o", "context_tokens", "concurrency"])
     for r in m.itertuples():
@@ -141,12 +141,32 @@ def full_table(m: pd.DataFrame) -> str:
             fmt_int(r.output_tokens) if measured else "—",
             (f"{float(r.measured_s):.1f} s" if not _missing(r.measured_s) else "—") if measured else "—",
             "—" if _missing(r.loop_fraction) else f"{float(r.loop_fraction):.0%}",
+            fmt_num(r.total_tok_s_non_looping) if measured and r.workload != "prefill" else "—",
         ]) + " |")
     return "\n".join(lines)
 
 
+def loop_policy_text(m: pd.DataFrame, settings: dict[str, Any]) -> str:
+    policy = settings.get("policy", "any")
+    rule = {"any": "one looping request marks a cell Looped (seed 002's rule)",
+            "fraction": f"a cell is Looped when more than {float(settings.get('max_loop_fraction', 0.1)):.0%} of "
+                        "its requests loop",
+            "flag_only": "looping is reported and never changes a cell's status"}.get(policy, policy)
+    sent = m[m.status != "over_capacity"]
+    looped = int(sent.looped_requests.fillna(0).sum()) if "looped_requests" in sent else 0
+    total = int(sent.num_requests.fillna(0).sum())
+    unreliable = int((sent.spec_acceptance_reliable == False).sum())  # noqa: E712
+    text = (f"Loop policy `{policy}`: {rule}. {looped} of {total} measured requests looped "
+            f"({looped / total:.1%}) across {int((sent.loop_fraction.fillna(0) > 0).sum())} cells."
+            if total else f"Loop policy `{policy}`: {rule}.")
+    if unreliable:
+        text += (f" In {unreliable} cells with speculative decoding some output loops: their acceptance rate is "
+                 "marked unreliable (`spec_acceptance_reliable` false in matrix.parquet).")
+    return text
+
+
 def render(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str, Any], charts: dict[str, str],
-           experiment: str, description: str = "") -> str:
+           experiment: str, description: str = "", loop_settings: dict[str, Any] | None = None) -> str:
     out = [f"# {experiment}", ""]
     if description:
         out += [description.strip(), ""]
@@ -168,6 +188,7 @@ def render(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
             f"{fmt_int(s.get('kv_cache_size_tokens'))} | {'—' if mc is None else f'{mc:.2f}x'} | "
             f"{s.get('vllm_version')} |"
         )
+    out += ["", "## Loops", "", loop_policy_text(matrix, loop_settings or {})]
     for sid in sorted(matrix["server_id"].unique()):
         m = matrix[matrix["server_id"] == sid]
         out += ["", f"## Server config `{sid}`", ""]
@@ -256,6 +277,6 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
             startups.append(json.loads(startup.read_text()))
     charts.save(charts.decode_heatmap(matrix), out["heatmap_html"], out["heatmap_png"])
     chart_links = {"Sustained decode heatmap": str(Path(out["heatmap_png"]).relative_to(Path(out["md"]).parent))}
-    text = render(matrix, startups, lock, chart_links, exp.name, exp.raw.get("description", ""))
+    text = render(matrix, startups, lock, chart_links, exp.name, exp.raw.get("description", ""), exp.loops)
     write(out["md"], out["html"], text, exp.name)
     print(f"report: {out['md']}")
