@@ -32,5 +32,6 @@ for kind in WORKLOADS:
             experiment=config["experiment"],
             experiments_dir=config["experiments_dir"],
             idle_timeout_s=IDLE_TIMEOUT_S,
+            measured_with=MEASURED_WITH,
         script:
             "../workflow/scripts/cell.py"

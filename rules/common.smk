@@ -19,6 +19,12 @@ WORKLOADS = sm_experiment.WORKLOADS
 CELLS = EXP.cells()
 PACKAGES_SHA256 = sm_runtimes.packages_digest()
 IDLE_TIMEOUT_S = float(config.get("server_idle_timeout_s", 900))
+# What a measurement depends on besides its cell and server: a change reruns the cells.
+# The loop thresholds only when they end requests early (client.stop_looping).
+MEASURED_WITH = {
+    "client": EXP.client,
+    "loops": EXP.loops if EXP.client.get("stop_looping") else None,
+}
 
 # The servers this workflow starts are owned by its main process (on a
 # cluster: by the Snakemake process that runs a group job in its allocation):

@@ -2,7 +2,8 @@
 
 The model name picks the behaviour: ``ok``, ``stall`` (stops sending after 3
 tokens), ``malformed`` (a broken event), ``drop`` (closes the connection mid
-stream), ``http500``, ``multi`` (two tokens an event, the count only in the final usage event). Used to check that the client ends every request with a
+stream), ``http500``, ``multi`` (two tokens an event, the count only in the final usage event), ``loop`` (a sentence
+repeated without end). Used to check that the client ends every request with a
 recorded reason instead of hanging.
 
 ``/tokenize`` answers one id per character and ``/detokenize`` turns them back
@@ -33,6 +34,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return web.Response(status=500, text="boom")
     if mode == "multi":
         return await multi_token_events(request, payload)
+    if mode == "loop":
+        return await looping_events(request, payload)
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
     for i in range(1, payload.get("max_tokens", 8) + 1):
@@ -64,6 +67,21 @@ async def multi_token_events(request: web.Request, payload: dict) -> web.StreamR
         await resp.write(f"data: {json.dumps(body)}\n\n".encode())
     usage = {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": n}}
     await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+    return resp
+
+
+async def looping_events(request: web.Request, payload: dict) -> web.StreamResponse:
+    """Some prose, then the same sentence over and over (one token an event), without pause."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    pieces = ["Once ", "upon ", "a ", "time ", "there ", "was ", "a ", "server. "] + ["and it ", "said ", "again "] * 100_000
+    for i in range(payload.get("max_tokens", 8)):
+        body = {"choices": [{"index": 0, "text": pieces[i], "finish_reason": None}],
+                "usage": {"prompt_tokens": 4, "completion_tokens": i + 1}}
+        await resp.write(f"data: {json.dumps(body)}\n\n".encode())
+        if i % 64 == 0:
+            await asyncio.sleep(0)
+    await resp.write(b"data: [DONE]\n\n")
     return resp
 
 

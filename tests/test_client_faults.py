@@ -119,3 +119,24 @@ def test_without_per_event_usage_the_final_usage_makes_the_count_exact():
     assert rec.error is None and len(rec.chunk_times) == 4
     assert rec.output_tokens == 8 and rec.tokens_reconciled == 4
     assert rec.chunk_tokens[0] == 1 and sorted(rec.chunk_tokens[1:]) == [2, 2, 3]
+
+
+@pytest.mark.parametrize("stop", [True, False])
+def test_the_online_watch_sees_a_loop_and_can_end_the_request(stop):
+    async def go():
+        async with TestServer(app()) as srv:
+            url = str(srv.make_url("")).rstrip("/")
+            async with aiohttp.ClientSession() as s:
+                rec = RequestRecord(index=0, worker=0, prompt_tokens=4, start=0.0)
+                opts = RequestOptions(max_tokens=20_000, stop_looping=stop)
+                return await stream_completion(s, url, "loop", [1, 2, 3, 4], opts, rec, time.monotonic())
+
+    rec = asyncio.run(go())
+    assert rec.error is None
+    # "and it said again " is 18 characters in 3 tokens: 4,096 characters of loop is about 700 tokens
+    assert rec.loop_detected_at_token is not None and 600 < rec.loop_detected_at_token < 2000
+    if stop:
+        assert rec.stopped_for_loop and rec.finish_reason == "loop" and rec.output_tokens < 2000
+    else:
+        assert not rec.stopped_for_loop and rec.output_tokens == 20_000
+    assert len(rec.chunk_chars) == len(rec.chunk_tokens) and sum(rec.chunk_chars) == len(rec.text)

@@ -118,6 +118,13 @@ def test_matrix_is_real_and_complete(full_run):
     report = (res / "report.md").read_text()
     assert "| Context | 1 | 4 | 16 | 64 |" in report and "Over capacity" in report
     assert "### Prefix cache" in report and "Shared prefix 87.5% — cold" in report and "### Latency" in report
+    # loops: every measured cell has its loop fraction and status under the configured policy (any)
+    assert sent.loop_fraction.notna().all() and "## Loops" in report and "Loop policy `any`" in report
+    assert (sent[sent.looped_requests > 0].status == "looped").all()
+    both = sent[["total_tok_s", "total_tok_s_non_looping"]].dropna()
+    assert (both.total_tok_s_non_looping <= both.total_tok_s + 1e-9).all()
+    assert {"loop_onset_token", "loop_detected_at_token", "chunk_chars", "prompt_format"} <= set(reqs.columns)
+    assert (reqs.prompt_format == "text").all()
 
 
 def test_one_server_start_per_server_config(full_run):

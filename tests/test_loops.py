@@ -103,3 +103,73 @@ def test_incrementing_loops_are_at_least_suspected(template):
     text = corpus.text("prose")[:600] + "".join(template.format(i=i) for i in range(1, 120))
     v = loops.detect(text)
     assert v.suspected and not v.looped, v.as_dict()
+
+
+# ----------------------------------------------------------------- the loop stage: per request and per cell
+
+def _cell(status="valid", acceptance=None, throughput=100.0):
+    return {"cell": {"server_id": "s", "cell_id": "decode-ctx128-c4"},
+            "result": {"status": status, "output_throughput": throughput, "spec_decode_acceptance_rate": acceptance}}
+
+
+def _requests(texts):
+    import pandas as pd
+
+    rows = []
+    for i, t in enumerate(texts):
+        pieces = [t[k:k + 5] for k in range(0, len(t), 5)]
+        rows.append({"request_index": i, "text": t, "output_tokens": len(pieces),
+                     "chunk_chars": [len(p) for p in pieces], "chunk_tokens": [1] * len(pieces)})
+    return pd.DataFrame(rows)
+
+
+LOOPING = corpus.text("prose")[:500] + "and so it goes on. " * 400
+NATURAL = corpus.text("prose")
+
+
+def test_onset_in_tokens_comes_from_the_streamed_events():
+    from speedmatrix import loopcheck
+
+    verdict = loopcheck.judge_cell(_cell(), _requests([LOOPING]), {})
+    r = verdict["requests"][0]
+    assert r["looped"] and r["loop_onset_char"] <= 500
+    assert r["loop_onset_token"] == r["loop_onset_char"] // 5
+
+
+@pytest.mark.parametrize("policy, settings, status", [
+    ("any", {}, "looped"),
+    ("fraction", {"max_loop_fraction": 0.5}, "valid"),
+    ("fraction", {"max_loop_fraction": 0.1}, "looped"),
+    ("flag_only", {}, "valid"),
+])
+def test_policies_decide_the_cell_status(policy, settings, status):
+    from speedmatrix import loopcheck
+
+    reqs = _requests([LOOPING, NATURAL, NATURAL, NATURAL])  # one request in four loops
+    v = loopcheck.judge_cell(_cell(acceptance=0.9), reqs, {"policy": policy, **settings})
+    assert v["loop_fraction"] == 0.25 and v["looped_requests"] == 1
+    assert v["cell_status"] == status
+    # the figure without the looping request, beside the all-request one
+    clean = reqs.output_tokens.iloc[1:].sum()
+    assert v["output_tokens_non_looping"] == clean
+    assert v["output_throughput_non_looping"] == pytest.approx(100.0 * clean / reqs.output_tokens.sum())
+    assert v["spec_acceptance_reliable"] is False
+
+
+def test_acceptance_is_reliable_on_loop_free_output_and_absent_without_speculation():
+    from speedmatrix import loopcheck
+
+    assert loopcheck.judge_cell(_cell(acceptance=0.5), _requests([NATURAL]), {})["spec_acceptance_reliable"] is True
+    assert loopcheck.judge_cell(_cell(), _requests([NATURAL]), {})["spec_acceptance_reliable"] is None
+
+
+def test_a_loop_after_the_models_natural_end_is_told_apart():
+    from speedmatrix import loopcheck
+
+    reqs = _requests([NATURAL[:600] + "<eos>" + "and so it goes on. " * 400, LOOPING])
+    reqs["natural_end_char"] = [600, None]
+    v = loopcheck.judge_cell(_cell(), reqs, {})
+    forced, free = v["requests"]
+    assert forced["looped"] and forced["loop_after_natural_end"] is True
+    assert free["looped"] and free["loop_after_natural_end"] is None  # no natural end seen
+    assert v["loops_after_natural_end"] == 1

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import aiohttp
 import pandas as pd
 
-from . import __version__, atomic, client, metrics, prompts, stats
+from . import __version__, atomic, client, loops, metrics, prompts, stats
 from .experiment import Cell
 
 MAX_FAILED_FRACTION = 0.5
@@ -133,7 +133,8 @@ async def _counters(url: str) -> dict[str, Any]:
         return await _scrape(session, url)
 
 
-def request_options(cell: Cell, client_cfg: dict[str, Any]) -> client.RequestOptions:
+def request_options(cell: Cell, client_cfg: dict[str, Any], loop_cfg: dict[str, Any] | None = None,
+                    eos_text: str | None = None) -> client.RequestOptions:
     """The cell's request options. ``usage_per_chunk`` ``auto`` (the default) asks for per-event
     token counts only where they are needed to be exact: a decode cell cuts its requests at the
     window's end, before their final usage event. The other cells run every request to its end,
@@ -146,6 +147,9 @@ def request_options(cell: Cell, client_cfg: dict[str, Any]) -> client.RequestOpt
         stall_timeout_s=float(client_cfg.get("stall_timeout_s", 60.0)),
         ignore_eos=bool(client_cfg.get("ignore_eos", False)),
         usage_per_chunk=bool(per_chunk),
+        stop_looping=bool(client_cfg.get("stop_looping", False)),
+        loop_thresholds={k: v for k, v in (loop_cfg or {}).items() if k in loops.DEFAULTS},
+        eos_text=eos_text,
     )
 
 
@@ -222,6 +226,8 @@ async def measure(
     model: str,
     client_cfg: dict[str, Any],
     progress: Callable[[str], None] = print,
+    loop_cfg: dict[str, Any] | None = None,
+    eos_text: str | None = None,
 ) -> tuple[dict[str, Any], list[client.RequestRecord]]:
     """Measure one cell against a running server: (result, per-request records).
 
@@ -230,7 +236,7 @@ async def measure(
     field is recorded as absent (None) and the cell still runs.
     """
     seed = int(client_cfg.get("seed", 0))
-    opts = request_options(cell, client_cfg)
+    opts = request_options(cell, client_cfg, loop_cfg, eos_text)
     ignore_eos = opts.ignore_eos
     busy_wait_s = float(client_cfg.get("busy_wait_s", 30.0))
     prompt_format = client_cfg.get("prompt_format", "text")
@@ -246,6 +252,7 @@ async def measure(
             "server_metrics": "present" if before_raw else "absent",
             "ignore_eos": ignore_eos,
             "usage_per_chunk": opts.usage_per_chunk,
+            "stop_looping": opts.stop_looping,
             "prompt_format": prompt_format,
             "prompt_seed": seed,
             "prompt_nonce": nonce,
@@ -278,6 +285,8 @@ async def measure(
     if aligner and aligner.fallbacks:
         progress(f"{aligner.fallbacks} prompt(s) could not be made exact as text and were sent as token ids")
     base["prompts_sent_as_token_ids"] = sum(1 for r in records if r.prompt_format == "token_ids")
+    base["loops_seen_online"] = sum(1 for r in records if r.loop_detected_at_token is not None)
+    base["requests_stopped_for_loop"] = sum(1 for r in records if r.stopped_for_loop)
     finished = counters.get("server_requests_finished")  # the whole cell's, both passes of a prefix-cache cell
     if passes:  # a prefix-cache cell's headline figures are its warm pass's
         counters.update({k: passes["warm"][k] for k in metrics.DELTA_KEYS})
@@ -332,11 +341,19 @@ def request_table(records: list[client.RequestRecord], ident: dict[str, Any]) ->
             "error": r.error,
             "tokens_reconciled": r.tokens_reconciled,
             "prompt_format": r.prompt_format,
+            "loop_detected_at_token": r.loop_detected_at_token,
+            "natural_end_char": r.natural_end_char,
+            "stopped_for_loop": r.stopped_for_loop,
+            # per streamed event: tokens and characters (a loop's onset in tokens comes from them)
+            "chunk_tokens": r.chunk_tokens,
+            "chunk_chars": r.chunk_chars,
             "phase": r.phase,
             "text": r.text,
         })
     cols = ["request_index", "worker", "prompt_tokens", "start_s", "ttft_ms", "end_s", "output_tokens", "chunks",
-            "finish_reason", "cut_at_window_end", "error", "tokens_reconciled", "prompt_format", "phase", "text"]
+            "finish_reason", "cut_at_window_end", "error", "tokens_reconciled", "prompt_format", "loop_detected_at_token",
+            "natural_end_char",
+            "stopped_for_loop", "chunk_tokens", "chunk_chars", "phase", "text"]
     return pd.DataFrame(rows, columns=list(ident) + cols)
 
 
@@ -350,7 +367,8 @@ def write(cell_json: str, requests_parquet: str, result: dict[str, Any], records
     atomic.write_json(cell_json, result)
 
 
-def measurement_key(cell: Cell, launch: dict[str, Any], lock: dict[str, Any], client_cfg: dict[str, Any]) -> str:
+def measurement_key(cell: Cell, launch: dict[str, Any], lock: dict[str, Any], client_cfg: dict[str, Any],
+                    loop_cfg: dict[str, Any] | None = None) -> str:
     """What a measurement depends on: the cell, the exact server launch, the runtime, the client settings."""
     basis = {
         "cell": cell.as_dict(),
@@ -359,6 +377,8 @@ def measurement_key(cell: Cell, launch: dict[str, Any], lock: dict[str, Any], cl
         "models": launch["models"],
         "packages_sha256": lock["packages_sha256"],
         "client": client_cfg,
+        # with stop_looping the loop thresholds decide when a request ends: part of the measurement
+        "loops": loop_cfg if client_cfg.get("stop_looping") else None,
     }
     return hashlib.sha256(json.dumps(basis, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
@@ -414,7 +434,7 @@ def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str
     lock = atomic.read_json(lock_path)
     progress = print
     progress(f"cell {server_id}/{cell_id}: {cell.as_dict()}")
-    key = measurement_key(cell, launch, lock, exp.client)
+    key = measurement_key(cell, launch, lock, exp.client, exp.loops)
     stored_json, stored_requests = store_paths(Path(launch_path).resolve().parents[2], server_id, cell_id, key)
     if restore(stored_json, stored_requests, out_json, out_requests):
         doc = atomic.read_json(out_json)
@@ -425,7 +445,8 @@ def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str
         startup = info["startup"]
         progress(f"server {server_id} start {startup['start_id']} at {info['url']} "
                  f"(KV cache {startup.get('kv_cache_size_tokens')} tokens)")
-        result, records = asyncio.run(measure(cell, info["url"], launch["served_model_name"], exp.client, progress))
+        result, records = asyncio.run(measure(cell, info["url"], launch["served_model_name"], exp.client, progress,
+                                              exp.loops, launch.get("eos_text")))
         if result.get("failed"):
             # requests failed: keep the cell only if its server is still the same healthy server
             # (a killed server closes its sockets while it is still exiting, so look twice)

@@ -30,9 +30,10 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     client_cfg = {"stall_timeout_s": ns.stall_timeout, "ignore_eos": ns.ignore_eos, "seed": ns.seed,
                   "busy_wait_s": ns.busy_wait,
                   "usage_per_chunk": {"auto": "auto", "on": True, "off": False}[ns.usage_per_chunk],
-                  "prompt_format": ns.prompt_format}
+                  "prompt_format": ns.prompt_format, "stop_looping": ns.stop_looping}
     result, records = asyncio.run(cells.measure(cell, ns.url.rstrip("/"), ns.model, client_cfg,
-                                                progress=lambda m: print(m, file=sys.stderr)))
+                                                progress=lambda m: print(m, file=sys.stderr),
+                                                eos_text=ns.eos_text))
     doc = {"cell": cell.as_dict(), "url": ns.url, "model": ns.model, "client": client_cfg, "result": result}
     atomic.write_json(ns.out, doc)
     if records:
@@ -118,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--stall-timeout", type=float, default=60.0, help="end a request after this many seconds "
                    "without a token")
     b.add_argument("--seed", type=int, default=0, help="prompt selection seed")
+    b.add_argument("--eos-text", help="with --ignore-eos: the model's end-of-text token as text (e.g. <eos>), "
+                   "to record where the model had ended before it was forced on")
+    b.add_argument("--stop-looping", action="store_true", help="end a request as soon as its output loops "
+                   "(speedmatrix.loops thresholds; recorded per request)")
     b.add_argument("--prompt-format", choices=["text", "token_ids"], default="text",
                    help="send prompts as text (checked by the server's /tokenize to be exactly --context tokens; "
                    "the server's tokenization is measured, as users see it) or as token ids")

@@ -21,6 +21,8 @@ from typing import Any, Callable
 import aiohttp
 import msgspec
 
+from .loops import OnlineWatch
+
 API_KEY_ENV = "SPEEDMATRIX_API_KEY"
 
 
@@ -60,9 +62,19 @@ class RequestOptions:
     # server) and for a request cut at a window's end. It costs the server work per event; without
     # it the final usage event gives each finished request's exact total (docs/fidelity.md).
     usage_per_chunk: bool = True
+    # the online loop watch (speedmatrix.loops.OnlineWatch) runs on every stream; with stop_looping a
+    # request whose output loops is ended there (finish_reason "loop"), sparing the server the rest
+    watch_loops: bool = True
+    stop_looping: bool = False
+    loop_thresholds: dict[str, Any] = field(default_factory=dict)
+    # with ignore_eos: the model's end-of-text token as text; special tokens are then kept in the
+    # output so the client can see where the model had ended (natural_end_char)
+    eos_text: str | None = None
 
     def payload(self, model: str, prompt: list[int] | str) -> dict[str, Any]:
+        extra = {"skip_special_tokens": False} if self.ignore_eos and self.eos_text else {}
         return {
+            **extra,
             "model": model,
             "prompt": prompt,
             "max_tokens": self.max_tokens,
@@ -83,12 +95,16 @@ class RequestRecord:
     end: float | None = None
     chunk_times: list[float] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
+    chunk_chars: list[int] = field(default_factory=list)  # characters of text each counted event brought
     text: str = ""
     finish_reason: str | None = None
     cut_at_window_end: bool = False
     error: str | None = None
     phase: str = ""  # prefix-cache cells: "cold" or "warm"
     prompt_format: str = "token_ids"  # or "text" (checked to be prompt_tokens long by the server's tokenizer)
+    loop_detected_at_token: int | None = None  # the online watch saw a loop when this many tokens had come
+    natural_end_char: int | None = None  # with ignore_eos: where the model's end-of-text token came
+    stopped_for_loop: bool = False
     # tokens the final usage event added to (or took from) the events' count: spread evenly over the
     # events (only without per-event usage, when an event carried several tokens)
     tokens_reconciled: int = 0
@@ -115,6 +131,8 @@ async def stream_completion(
     """Stream one completion into ``record``; stop reading at ``deadline`` (monotonic)."""
     payload = opts.payload(model, prompt)
     stall_timeout_s = opts.stall_timeout_s
+    watch = OnlineWatch(**opts.loop_thresholds) if opts.watch_loops else None
+    held_chars = 0  # text of events that brought no token yet (joins the next counted event)
     now = time.monotonic
     last_usage = 0
     parts: list[str] = []  # joined once at the end (appending to an attribute copies the text every chunk)
@@ -181,22 +199,36 @@ async def stream_completion(
                         last_usage = usage
                     else:
                         n = 1  # an event carries at least one token; the final usage corrects the count
+                    if text:
+                        parts.append(text)
                     if n > 0:
                         if record.first_token is None:
                             record.first_token = arrived
                         record.chunk_times.append(arrived)
                         record.chunk_tokens.append(n)
-                    if text:
-                        parts.append(text)
+                        record.chunk_chars.append(held_chars + len(text or ""))
+                        held_chars = 0
+                    elif text:
+                        held_chars += len(text)
                     if msg.choices and msg.choices[0].finish_reason:
                         record.finish_reason = msg.choices[0].finish_reason
                 if done:
                     break
+                if watch is not None and len(parts) >= watch.next_at and watch.update(parts):
+                    record.loop_detected_at_token = sum(record.chunk_tokens)
+                    watch = None  # one verdict a stream
+                    if opts.stop_looping:
+                        record.stopped_for_loop = True
+                        record.finish_reason = "loop"
+                        break
     except (aiohttp.ClientError, ConnectionError, OSError) as exc:
         record.error = f"connection error: {type(exc).__name__}: {exc}"[:300]
     finally:
         record.end = now() - t0
         record.text = "".join(parts)
+        if opts.ignore_eos and opts.eos_text:
+            at = record.text.find(opts.eos_text)
+            record.natural_end_char = at if at >= 0 else None
     return record
 
 

@@ -36,8 +36,11 @@ def onset_token(onset_char: int | None, chunk_chars: Any, chunk_tokens: Any) -> 
 
 
 def _natural_end(row: Any) -> int | None:
-    v = getattr(row, "natural_end_token", None)
-    return None if v is None or pd.isna(v) else int(v)
+    """Output tokens before the model's end-of-text token (seen when ignore_eos forced it on), or None."""
+    v = getattr(row, "natural_end_char", None)
+    if v is None or pd.isna(v):
+        return None
+    return onset_token(int(v), getattr(row, "chunk_chars", None), getattr(row, "chunk_tokens", None))
 
 
 def judge_request(row: Any, thresholds: dict[str, Any]) -> dict[str, Any]:
@@ -77,9 +80,11 @@ def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str,
     if status == "valid" and fraction and (policy == "any" or (policy == "fraction" and fraction > max_fraction)):
         status = "looped"
     # throughput over the requests that did not loop, beside the all-request figure
+    # (the cell's own throughput, scaled by the share of its output tokens that came from non-looping requests)
     looped_ids = {p["request_index"] for p in per if p["looped"]}
     clean_tokens = int(requests.loc[~requests.request_index.isin(looped_ids), "output_tokens"].sum()) if n else 0
-    measured = res.get("measured_s") or res.get("duration")
+    all_tokens = int(requests["output_tokens"].sum()) if n else 0
+    throughput = res.get("output_throughput")
     after_end = [p["loop_after_natural_end"] for p in per if p["loop_after_natural_end"] is not None]
     return {
         "server_id": cell["cell"]["server_id"],
@@ -91,7 +96,8 @@ def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str,
         "loop_fraction": fraction,
         "suspected_fraction": suspected,
         "cell_status": status,
-        "output_throughput_non_looping": clean_tokens / measured if measured and n else None,
+        "output_throughput_non_looping": (throughput * clean_tokens / all_tokens
+                                          if throughput is not None and all_tokens else None),
         "output_tokens_non_looping": clean_tokens if n else None,
         # acceptance counted over output that loops says little about the drafter
         "spec_acceptance_reliable": (None if res.get("spec_decode_acceptance_rate") is None

@@ -166,3 +166,15 @@ def synthesize(preset: str, out_dir: str | Path, overrides: dict[str, Any] | Non
 
 def load_manifest(model_dir: str | Path) -> dict:
     return json.loads((Path(model_dir) / MANIFEST).read_text())
+
+
+def eos_text(model_dir: str | Path) -> str | None:
+    """The end-of-text token as text (``eos_token`` of tokenizer_config.json), or None if not stated."""
+    path = Path(model_dir) / "tokenizer_config.json"
+    try:
+        tok = json.loads(path.read_text()).get("eos_token")
+    except (OSError, ValueError):
+        return None
+    if isinstance(tok, dict):
+        tok = tok.get("content")
+    return tok if isinstance(tok, str) and tok else None

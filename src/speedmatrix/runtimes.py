@@ -135,7 +135,7 @@ PORT_PLACEHOLDER = "{port}"
 
 def launch_spec(exp: Experiment, server_id: str, models_dir: str | Path) -> dict[str, Any]:
     """Everything needed to start one server config, with the port left to choose at start."""
-    from .models import load_manifest
+    from .models import eos_text, load_manifest
 
     srv = exp.server(server_id)
     argv = launch_argv(exp, srv, models_dir, 0)
@@ -156,4 +156,6 @@ def launch_spec(exp: Experiment, server_id: str, models_dir: str | Path) -> dict
         "env": srv.env,
         "startup_timeout_s": srv.startup_timeout_s,
         "models": {n: load_manifest(Path(models_dir) / n) for n in names},
+        # with ignore_eos the client finds where the model had ended (docs: Loops)
+        "eos_text": eos_text(Path(models_dir) / srv.model),
     }
