@@ -6,8 +6,9 @@ stream), ``http500``, ``multi`` (two tokens an event, the count only in the fina
 repeated without end). Used to check that the client ends every request with a
 recorded reason instead of hanging.
 
-``/tokenize`` answers one id per character and ``/detokenize`` turns them back
-(enough to size prompts). Without
+``/tokenize`` answers one id per character (after a BOS, as vLLM's adds the
+model's special tokens) and ``/detokenize`` turns them back (enough to size
+prompts). Without
 ``running`` there is no ``/metrics`` (like any OpenAI-compatible server that is
 not vLLM); with ``app(running=N)`` ``/metrics`` reports N requests running
 that are not the client's (a busy server).
@@ -20,6 +21,8 @@ import json
 
 from aiohttp import web
 
+PROMPTS = web.AppKey("prompts", list)
+
 
 def _chunk(text: str, n: int) -> bytes:
     body = {"choices": [{"index": 0, "text": text, "finish_reason": None}],
@@ -29,6 +32,7 @@ def _chunk(text: str, n: int) -> bytes:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     payload = await request.json()
+    request.app[PROMPTS].append(payload["prompt"])
     mode = payload["model"]
     if mode == "http500":
         return web.Response(status=500, text="boom")
@@ -86,8 +90,10 @@ async def looping_events(request: web.Request, payload: dict) -> web.StreamRespo
 
 
 async def tokenize(request: web.Request) -> web.Response:
+    """One id per character, after a BOS (id 2) unless add_special_tokens is false, like vLLM's."""
     payload = await request.json()
-    return web.json_response({"tokens": [ord(ch) % 256 for ch in payload["prompt"]]})
+    bos = [2] if payload.get("add_special_tokens", True) else []
+    return web.json_response({"tokens": bos + [ord(ch) % 256 for ch in payload["prompt"]]})
 
 
 async def detokenize(request: web.Request) -> web.Response:
@@ -109,6 +115,7 @@ def metrics_handler(running: int):
 
 def app(running: int | None = None) -> web.Application:
     a = web.Application()
+    a[PROMPTS] = []  # every prompt received, for the tests to look at
     a.router.add_post("/v1/completions", completions)
     a.router.add_post("/tokenize", tokenize)
     a.router.add_post("/detokenize", detokenize)

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from fault_server import app
+from fault_server import PROMPTS, app
 from speedmatrix.client import RequestOptions, RequestRecord, closed_loop, stream_completion
 
 
@@ -85,7 +85,8 @@ def test_a_server_without_vllm_metrics_gets_absent_counters_and_the_cell_still_r
     from speedmatrix.metrics import DELTA_KEYS
 
     cell = Cell("manual", "capacity", context_tokens=64, concurrency=2, max_tokens=8, requests=4)
-    result, records = _measure(cell, app())
+    fixture = app()
+    result, records = _measure(cell, fixture)
     assert result["status"] == "valid" and result["server_metrics"] == "absent"
     assert len(records) == 4 and result["total_output_tokens"] == 32
     # every counter field is present and recorded as absent (None), not guessed
@@ -94,6 +95,8 @@ def test_a_server_without_vllm_metrics_gets_absent_counters_and_the_cell_still_r
     # the prompts were sized exactly with the server's /tokenize, and sent as text
     assert all(r.prompt_tokens == 64 and r.prompt_format == "text" for r in records)
     assert result["prompt_format"] == "text" and result["prompts_sent_as_token_ids"] == 0
+    # 63 characters of text: with the BOS the server adds, exactly the 64-token context
+    assert [len(p) for p in fixture[PROMPTS]] == [63] * 4
 
 
 def test_a_busy_server_fails_the_cell_before_anything_is_sent():

@@ -20,8 +20,10 @@ every request of the cell) comes first and the per-request part follows.
 By default a prompt is sent as *text*, as users and ``vllm bench serve``
 send it, so the server's tokenization is part of what is measured: the ids
 are turned into text with the server's ``/detokenize`` and the text is
-checked with ``/tokenize`` to be exactly ``context`` tokens (cut or extended
-and checked again if the round trip merged tokens differently). A prompt
+checked with ``/tokenize`` to be exactly ``context`` tokens as the
+completions endpoint will see it, the model's special tokens (a BOS) included
+(cut or extended and checked again if the round trip merged tokens
+differently). A prompt
 that cannot be made exact is sent as its token ids instead, and the request
 records it (``prompt_format``). ``prompt_format: token_ids`` sends ids
 throughout (engine-side figures, without the server's tokenization).
@@ -111,7 +113,12 @@ class Prompt:
 
 
 class TextAligner:
-    """Turns token-id prompts into text of exactly the same token count, by the server's own tokenizer."""
+    """Turns token-id prompts into text of exactly the same token count, by the server's own tokenizer.
+
+    The count is the one the completions endpoint will see: its tokenization adds the model's
+    special tokens (a BOS for Gemma), so the text carries that many fewer content tokens (taken off
+    the prompt's start, its nonce) and is checked with ``add_special_tokens`` on.
+    """
 
     ATTEMPTS = 3
 
@@ -121,6 +128,7 @@ class TextAligner:
         self.headers = headers or {}
         self._sem = asyncio.Semaphore(parallel)
         self.fallbacks = 0
+        self.specials: int | None = None  # tokens the server adds to a text prompt
 
     async def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         async with self._sem, self.session.post(f"{self.base_url}{path}", json={"model": self.model, **payload},
@@ -128,18 +136,30 @@ class TextAligner:
             resp.raise_for_status()
             return await resp.json()
 
+    async def _tokenize(self, text: str, special: bool) -> list[int]:
+        return (await self._post("/tokenize", {"prompt": text, "add_special_tokens": special}))["tokens"]
+
+    async def _count_specials(self) -> int:
+        probe = "The same words, tokenized twice."
+        return len(await self._tokenize(probe, True)) - len(await self._tokenize(probe, False))
+
     async def text(self, ids: list[int], filler: list[int]) -> Prompt:
-        """``ids`` as text of exactly len(ids) tokens; ``filler`` extends a text that came out short."""
+        """``ids`` as text the server will see as exactly len(ids) tokens; ``filler`` extends a short one."""
+        if self.specials is None:
+            self.specials = await self._count_specials()
         want = len(ids)
-        cur = list(ids)
+        content = want - self.specials
+        cur = list(ids[self.specials:])
         for _ in range(self.ATTEMPTS):
             text = (await self._post("/detokenize", {"tokens": cur}))["prompt"]
-            got = (await self._post("/tokenize", {"prompt": text, "add_special_tokens": False}))["tokens"]
-            if len(got) == want:
+            got = await self._tokenize(text, False)
+            if len(got) == content:
                 return Prompt(text, want)
-            cur = got[:want] if len(got) > want else got + filler[: want - len(got)]
+            cur = got[:content] if len(got) > content else got + filler[: content - len(got)]
         self.fallbacks += 1
         return Prompt(list(ids), want)
 
     async def many(self, id_lists: list[list[int]], filler: list[int]) -> list[Prompt]:
+        if self.specials is None and id_lists:
+            self.specials = await self._count_specials()
         return list(await asyncio.gather(*(self.text(ids, filler) for ids in id_lists)))
