@@ -19,6 +19,7 @@ import pytest
 
 from conftest import LIFECYCLE_WORKLOADS, REPO, one_server_experiment, wait_no_vllm
 from speedmatrix import experiment
+from speedmatrix.experiment import WORKLOADS
 
 pytestmark = pytest.mark.slurm
 
@@ -32,7 +33,9 @@ def slurm_cmd(work: Path, experiment_name: str, experiments_dir: Path | str = "c
         "--config", f"experiment={experiment_name}", f"results_dir={work / 'results'}",
         f"models_dir={work / 'models'}", f"experiments_dir={experiments_dir}",
         "--default-resources", "slurm_partition=debug", "slurm_account=none", "runtime=30", "mem_mb=2000",
-        "--set-threads", "cell=2", "--set-resources", "cell:mem_mb=6000",
+        # every cell kind has its rule (rules/bench.smk): two CPUs and 6 GB for each
+        "--set-threads", *(f"{k}=2" for k in WORKLOADS),
+        "--set-resources", *(f"{k}:mem_mb=6000" for k in WORKLOADS),
         # the jobs run on this very host: the cluster's shared file system is the local disk
         "--shared-fs-usage", "input-output", "persistence", "software-deployment", "source-cache", "sources",
         "storage-local-copies", *extra,
