@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pandas as pd
+
 import pytest
 
 from speedmatrix import corpus, loops
@@ -113,8 +115,6 @@ def _cell(status="valid", acceptance=None, throughput=100.0):
 
 
 def _requests(texts):
-    import pandas as pd
-
     rows = []
     for i, t in enumerate(texts):
         pieces = [t[k:k + 5] for k in range(0, len(t), 5)]
@@ -127,13 +127,15 @@ LOOPING = corpus.text("prose")[:500] + "and so it goes on. " * 400
 NATURAL = corpus.text("prose")
 
 
-def test_onset_in_tokens_comes_from_the_streamed_events():
+def test_onset_in_tokens_comes_from_the_streamed_events(tmp_path):
     from speedmatrix import loopcheck
 
-    verdict = loopcheck.judge_cell(_cell(), _requests([LOOPING]), {})
+    # as the loop rule reads them: through parquet (per-event lists come back as numpy arrays)
+    _requests([LOOPING]).to_parquet(tmp_path / "r.parquet")
+    verdict = loopcheck.judge_cell(_cell(), pd.read_parquet(tmp_path / "r.parquet"), {})
     r = verdict["requests"][0]
     assert r["looped"] and r["loop_onset_char"] <= 500
-    assert r["loop_onset_token"] == r["loop_onset_char"] // 5
+    assert r["loop_onset_token"] == r["loop_onset_char"] // 5 and type(r["loop_onset_token"]) is int
 
 
 @pytest.mark.parametrize("policy, settings, status", [

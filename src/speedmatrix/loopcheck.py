@@ -27,11 +27,11 @@ def onset_token(onset_char: int | None, chunk_chars: Any, chunk_tokens: Any) -> 
     if onset_char is None or chunk_chars is None or chunk_tokens is None or len(chunk_chars) == 0:
         return None
     chars = tokens = 0
-    for c, t in zip(chunk_chars, chunk_tokens):
-        if chars + c > onset_char:
+    for c, t in zip(chunk_chars, chunk_tokens):  # numpy arrays when read back from parquet: plain ints out
+        if chars + int(c) > onset_char:
             return tokens
-        chars += c
-        tokens += t
+        chars += int(c)
+        tokens += int(t)
     return tokens
 
 
