@@ -162,11 +162,27 @@ async def _run_workload(cell: Cell, url: str, model: str, opts: client.RequestOp
     ctx = cell.context_tokens
     passes: dict[str, dict[str, Any]] = {}
     if cell.workload == "decode":
-        # built before the window; a cell that needs more builds them as it goes
-        pool = await build([source.prompt(i, ctx, salt) for i in range(2 * cell.concurrency + 8)])
+        # Prompts are built ahead: a first batch before the window, then a producer keeps at least
+        # `concurrency` spare ones ready, so a finished request is replaced at once (building one as
+        # text takes two calls to the server; a worker that waited for them would leave a slot idle).
+        ready: asyncio.Queue = asyncio.Queue()
+        built = 4 * cell.concurrency + 16
+        for p in await build([source.prompt(i, ctx, salt) for i in range(built)]):
+            ready.put_nowait(p)
+
+        async def producer() -> None:
+            nonlocal built
+            while True:
+                if ready.qsize() < 2 * cell.concurrency + 8:
+                    batch = max(8, cell.concurrency)
+                    for p in await build([source.prompt(i, ctx, salt) for i in range(built, built + batch)]):
+                        ready.put_nowait(p)
+                    built += batch
+                else:
+                    await asyncio.sleep(0.05)
 
         async def make(i: int):
-            return pool[i] if i < len(pool) else (await build([source.prompt(i, ctx, salt)]))[0]
+            return await ready.get()
     elif cell.workload == "prefix_cache":
         shared = round(cell.shared_prefix * ctx)
         ready = {phase: await build([source.shared_prefix_prompt(i, ctx, shared, salt)
@@ -178,11 +194,16 @@ async def _run_workload(cell: Cell, url: str, model: str, opts: client.RequestOp
     sampler.start()
     if cell.workload == "decode":
         progress(f"decode: {cell.concurrency} at once for {cell.duration_s:g} s, context {ctx}")
-        _, records = await asyncio.wait_for(
-            client.closed_loop(url, model, make, cell.concurrency, cell.duration_s, opts, progress),
-            timeout=float(client_cfg.get("cell_timeout_s", cell.duration_s + opts.stall_timeout_s + 120)),
-        )
+        filling = asyncio.create_task(producer())
+        try:
+            _, records = await asyncio.wait_for(
+                client.closed_loop(url, model, make, cell.concurrency, cell.duration_s, opts, progress),
+                timeout=float(client_cfg.get("cell_timeout_s", cell.duration_s + opts.stall_timeout_s + 120)),
+            )
+        finally:
+            filling.cancel()
         figures = stats.decode(records, cell.duration_s)
+        figures["prompts_built"] = built
     elif cell.workload == "prefill":
         progress(f"prefill: {cell.requests} single requests at context {ctx}")
         records = await client.sequential(url, model, ready_list, opts)
