@@ -100,7 +100,8 @@ def test_matrix_is_real_and_complete(full_run):
     reqs = pd.read_parquet(res / "requests.parquet")
     sent = m[m.status != "over_capacity"].set_index(["server_id", "cell_id"])
     passes = sent.workload.map(lambda w: 2 if w == "prefix_cache" else 1)
-    assert (reqs.groupby(["server_id", "cell_id"]).size() == sent.num_requests * passes).all()
+    counts = reqs.groupby(["server_id", "cell_id"]).size()
+    assert (counts.reindex(sent.index) == sent.num_requests * passes).all()
     assert {"text", "looped", "loop_suspected", "ttft_ms", "output_tokens", "phase"} <= set(reqs.columns)
     # cells whose requests all run to their end: the client's token count is exactly the server's counter
     whole = sent[sent.workload != "decode"]
