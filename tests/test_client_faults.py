@@ -11,15 +11,17 @@ from aiohttp.test_utils import TestServer
 
 from fault_server import PROMPTS, app
 from speedmatrix.client import RequestOptions, RequestRecord, closed_loop, stream_completion
+from speedmatrix.experiment import Cell
 
 
-async def one(mode: str, stall_timeout_s: float = 0.5) -> RequestRecord:
+async def one(mode: str, stall_timeout_s: float = 0.5, opts: RequestOptions | None = None) -> RequestRecord:
+    """One request to the fixture; the model name picks its behaviour."""
     async with TestServer(app()) as srv:
         url = str(srv.make_url("")).rstrip("/")
         async with aiohttp.ClientSession() as s:
             rec = RequestRecord(index=0, worker=0, prompt_tokens=4, start=0.0)
             t0 = time.monotonic()
-            await stream_completion(s, url, mode, [1, 2, 3, 4], RequestOptions(8, stall_timeout_s), rec, t0)
+            await stream_completion(s, url, mode, [1, 2, 3, 4], opts or RequestOptions(8, stall_timeout_s), rec, t0)
             return rec
 
 
@@ -81,7 +83,6 @@ def _measure(cell, fixture_app, client_cfg=None):
 
 
 def test_a_server_without_vllm_metrics_gets_absent_counters_and_the_cell_still_runs():
-    from speedmatrix.experiment import Cell
     from speedmatrix.metrics import DELTA_KEYS
 
     cell = Cell("manual", "capacity", context_tokens=64, concurrency=2, max_tokens=8, requests=4)
@@ -101,7 +102,6 @@ def test_a_server_without_vllm_metrics_gets_absent_counters_and_the_cell_still_r
 
 def test_a_busy_server_fails_the_cell_before_anything_is_sent():
     from speedmatrix.cells import CellError
-    from speedmatrix.experiment import Cell
 
     cell = Cell("manual", "capacity", context_tokens=64, concurrency=2, max_tokens=8, requests=4)
     with pytest.raises(CellError, match=r"busy with requests that are not this cell's \(3 running"):
@@ -109,15 +109,7 @@ def test_a_busy_server_fails_the_cell_before_anything_is_sent():
 
 
 def test_without_per_event_usage_the_final_usage_makes_the_count_exact():
-    async def go():
-        async with TestServer(app()) as srv:
-            url = str(srv.make_url("")).rstrip("/")
-            async with aiohttp.ClientSession() as s:
-                rec = RequestRecord(index=0, worker=0, prompt_tokens=4, start=0.0)
-                opts = RequestOptions(max_tokens=8, usage_per_chunk=False)
-                return await stream_completion(s, url, "multi", [1, 2, 3, 4], opts, rec, time.monotonic())
-
-    rec = asyncio.run(go())
+    rec = asyncio.run(one("multi", opts=RequestOptions(max_tokens=8, usage_per_chunk=False)))
     # 4 events of 2 tokens: counted 1 each, then made to add up to the server's total of 8
     assert rec.error is None and len(rec.chunk_times) == 4
     assert rec.output_tokens == 8 and rec.tokens_reconciled == 4
@@ -126,15 +118,7 @@ def test_without_per_event_usage_the_final_usage_makes_the_count_exact():
 
 @pytest.mark.parametrize("stop", [True, False])
 def test_the_online_watch_sees_a_loop_and_can_end_the_request(stop):
-    async def go():
-        async with TestServer(app()) as srv:
-            url = str(srv.make_url("")).rstrip("/")
-            async with aiohttp.ClientSession() as s:
-                rec = RequestRecord(index=0, worker=0, prompt_tokens=4, start=0.0)
-                opts = RequestOptions(max_tokens=20_000, stop_looping=stop)
-                return await stream_completion(s, url, "loop", [1, 2, 3, 4], opts, rec, time.monotonic())
-
-    rec = asyncio.run(go())
+    rec = asyncio.run(one("loop", opts=RequestOptions(max_tokens=20_000, stop_looping=stop)))
     assert rec.error is None
     # "and it said again " is 18 characters in 3 tokens: 4,096 characters of loop is about 700 tokens
     assert rec.loop_detected_at_token is not None and 600 < rec.loop_detected_at_token < 2000
@@ -143,3 +127,17 @@ def test_the_online_watch_sees_a_loop_and_can_end_the_request(stop):
     else:
         assert not rec.stopped_for_loop and rec.output_tokens == 20_000
     assert len(rec.chunk_chars) == len(rec.chunk_tokens) and sum(rec.chunk_chars) == len(rec.text)
+
+
+@pytest.mark.parametrize("cell", [
+    Cell("manual", "prefill", context_tokens=32, concurrency=1, max_tokens=1, requests=2),
+    Cell("manual", "latency", context_tokens=32, concurrency=1, max_tokens=8, requests=2),
+    Cell("manual", "decode", context_tokens=32, concurrency=2, max_tokens=8, duration_s=0.5),
+    Cell("manual", "prefix_cache", context_tokens=64, concurrency=2, max_tokens=8, requests=3, shared_prefix=0.5),
+], ids=lambda c: c.workload)
+def test_every_cell_kind_runs_against_any_openai_compatible_server(cell):
+    result, records = _measure(cell, app())
+    assert result["status"] == "valid" and records and not any(r.error for r in records)
+    assert all(r.prompt_tokens == cell.context_tokens and r.prompt_format == "text" for r in records)
+    if cell.workload == "prefix_cache":
+        assert {r.phase for r in records} == {"cold", "warm"} and set(result["passes"]) == {"cold", "warm"}

@@ -330,7 +330,7 @@ async def measure(
         **base,
         "status": "valid",
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_wall)),
-        "server_running_before": _in_flight(before_raw)[0] if _in_flight(before_raw) else None,
+        "server_running_before": (_in_flight(before_raw) or (None,))[0],
         **figures,
         **counters,
         **gauges,

@@ -235,14 +235,17 @@ async def stream_completion(
 PromptLike = Any  # a list of token ids, or a speedmatrix.prompts.Prompt (text with its token count)
 
 
-async def _resolve(make_prompt: Callable[[int], Any], i: int) -> tuple[str | list[int], int, str]:
-    """(what to send, its token count, its format) for request i; make_prompt may be async."""
-    p = make_prompt(i)
-    if inspect.isawaitable(p):
-        p = await p
+def _unpack(p: PromptLike) -> tuple[str | list[int], int, str]:
+    """(what to send, its token count, its format)."""
     if isinstance(p, list):
         return p, len(p), "token_ids"
     return p.value, p.tokens, p.format
+
+
+async def _resolve(make_prompt: Callable[[int], Any], i: int) -> tuple[str | list[int], int, str]:
+    """Request i's prompt, unpacked; make_prompt may be async."""
+    p = make_prompt(i)
+    return _unpack(await p if inspect.isawaitable(p) else p)
 
 
 def _reconcile(record: RequestRecord, total: int) -> None:
@@ -361,7 +364,7 @@ async def sequential(
     out = []
     async with _session(1) as session:
         for i, p in enumerate(prompts):
-            prompt, n, fmt = await _resolve(lambda _: p, i)
+            prompt, n, fmt = _unpack(p)
             t0 = time.monotonic()
             rec = RequestRecord(index=i, worker=0, prompt_tokens=n, start=0.0, prompt_format=fmt)
             await stream_completion(session, base_url, model, prompt, opts, rec, t0)
