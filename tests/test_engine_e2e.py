@@ -107,11 +107,15 @@ def test_matrix_is_real_and_complete(full_run):
     whole = sent[sent.workload != "decode"]
     assert (whole.token_count_gap == 0).all(), whole[["token_count_gap"]]
     assert (sent.server_metrics == "present").all() and (sent.ignore_eos == False).all()  # noqa: E712
-    # prefix cache: the warm pass finds the shared part cached, more of it at 87.5 % than at 25 %
+    # prefix cache: the warm pass finds the shared part cached, more of it at 87.5 % than at 25 %. (The cache
+    # hits whole blocks: at 25 % of 1,024 tokens the shared part is about two 128-token blocks, and a run
+    # where the text's tokens merge across its end can hit none of them, so only >= there.)
     pc = m[m.workload == "prefix_cache"].set_index(["server_id", "shared_prefix"])
-    assert (pc.prefix_cache_hit_rate > pc.cold_prefix_cache_hit_rate).all()
+    assert (pc.prefix_cache_hit_rate >= pc.cold_prefix_cache_hit_rate).all()
     for sid in ("base", "mtp2"):
-        assert pc.loc[(sid, 0.875), "prefix_cache_hit_rate"] > pc.loc[(sid, 0.25), "prefix_cache_hit_rate"]
+        high = pc.loc[(sid, 0.875)]
+        assert high.prefix_cache_hit_rate > high.cold_prefix_cache_hit_rate
+        assert high.prefix_cache_hit_rate > pc.loc[(sid, 0.25), "prefix_cache_hit_rate"]
     # prefill defeats the prefix cache: a unique start per prompt
     assert (prefill.prefix_cache_hit_rate == 0).all()
     lat = m[m.workload == "latency"]
