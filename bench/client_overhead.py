@@ -34,13 +34,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from speedmatrix.server import free_port  # noqa: E402
+
 PROMPT = [1] * 16
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _ours(url: str, concurrency: int, requests: int, tokens: int) -> tuple[float, list, list, int]:
@@ -134,7 +130,7 @@ def main() -> int:
     doc: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
                  "cpu": platform.processor() or platform.machine(), "client_core": client_core,
                  "streamer_core": streamer_core, "ingest": [], "timing": []}
-    port = _free_port()
+    port = free_port("127.0.0.1")
     proc = _start_streamer(port, streamer_core)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -152,7 +148,7 @@ def main() -> int:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
     ttft_ms, gap_ms = 50.0, 5.0
-    port = _free_port()
+    port = free_port("127.0.0.1")
     proc = _start_streamer(port, streamer_core, "--ttft-ms", str(ttft_ms), "--gap-ms", str(gap_ms))
     url = f"http://127.0.0.1:{port}"
     try:

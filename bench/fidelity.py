@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from speedmatrix import experiment, metrics, runtimes  # noqa: E402
-from speedmatrix.server import free_port  # noqa: E402
+from speedmatrix.server import end_group, free_port, group_members  # noqa: E402
 
 # (input tokens, output tokens, requests, concurrency)
 SHAPES = [(256, 128, 128, 8), (1024, 64, 24, 1), (128, 128, 256, 32)]
@@ -70,18 +70,6 @@ def start_server(models_dir: str) -> tuple[subprocess.Popen, str, Path]:
     raise SystemExit(f"server not ready in 600 s; see {log}")
 
 
-def group_pids(pgid: int) -> list[int]:
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:  # field 5 of /proc/<pid>/stat: the process group
-            pids.append(int(stat.parent.name))
-    return pids
-
-
 def place_processes(pgid: int, client_on: str = "worker") -> list[str]:
     """Fixed CPU placement for the run (2 cores: compute on one, everything else on the other).
 
@@ -92,7 +80,7 @@ def place_processes(pgid: int, client_on: str = "worker") -> list[str]:
     """
     worker_cores: set[int] = set()
     others = []
-    for pid in group_pids(pgid):
+    for pid in group_members(pgid):
         title = Path(f"/proc/{pid}/comm").read_text().strip()
         if title.startswith("VLLM::Worker"):
             worker_cores |= os.sched_getaffinity(pid)
@@ -173,11 +161,7 @@ def main() -> int:
                     runs.append(row)
                     print(json.dumps(row), flush=True)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        end_group(proc.pid, grace_s=60)
     summary = []
     for shape in shapes:
         key = dict(zip(("input", "output", "requests", "concurrency"), shape))

@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from client_overhead import _free_port, _start_streamer  # noqa: E402
+from client_overhead import _start_streamer  # noqa: E402
+from speedmatrix.server import free_port  # noqa: E402
 
 TOKENS = 4096
 
@@ -91,7 +92,7 @@ def main() -> int:
         print(json.dumps(asyncio.run(_run(ns.url, ns.requests, ns.worker == "on"))))
         return 0
     cores = sorted(os.sched_getaffinity(0))
-    port = _free_port()
+    port = free_port("127.0.0.1")
     proc = _start_streamer(port, cores[1], "--gap-ms", "0.02")
     url = f"http://127.0.0.1:{port}"
     runs: dict[str, list[dict]] = {"on": [], "off": []}

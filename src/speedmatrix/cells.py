@@ -165,27 +165,27 @@ async def _run_workload(cell: Cell, url: str, model: str, opts: client.RequestOp
         # Prompts are built ahead: a first batch before the window, then a producer keeps at least
         # `concurrency` spare ones ready, so a finished request is replaced at once (building one as
         # text takes two calls to the server; a worker that waited for them would leave a slot idle).
-        ready: asyncio.Queue = asyncio.Queue()
+        queued: asyncio.Queue = asyncio.Queue()
         built = 4 * cell.concurrency + 16
         for p in await build([source.prompt(i, ctx, salt) for i in range(built)]):
-            ready.put_nowait(p)
+            queued.put_nowait(p)
 
         async def producer() -> None:
             nonlocal built
             while True:
-                if ready.qsize() < 2 * cell.concurrency + 8:
+                if queued.qsize() < 2 * cell.concurrency + 8:
                     batch = max(8, cell.concurrency)
                     for p in await build([source.prompt(i, ctx, salt) for i in range(built, built + batch)]):
-                        ready.put_nowait(p)
+                        queued.put_nowait(p)
                     built += batch
                 else:
                     await asyncio.sleep(0.05)
 
         async def make(i: int):
-            return await ready.get()
+            return await queued.get()
     elif cell.workload == "prefix_cache":
         shared = round(cell.shared_prefix * ctx)
-        ready = {phase: await build([source.shared_prefix_prompt(i, ctx, shared, salt)
+        by_phase = {phase: await build([source.shared_prefix_prompt(i, ctx, shared, salt)
                                      for i in range(k * cell.requests, (k + 1) * cell.requests)])
                  for k, phase in enumerate(("cold", "warm"))}
     else:
@@ -226,7 +226,7 @@ async def _run_workload(cell: Cell, url: str, model: str, opts: client.RequestOp
             progress(f"prefix cache, {phase} pass: {cell.requests} requests, {cell.concurrency} at once, "
                      f"{shared} of {ctx} tokens shared")
             first = k * cell.requests
-            wall, recs = await client.fixed_count(url, model, lambda i, ps=ready[phase], f=first: ps[i - f],
+            wall, recs = await client.fixed_count(url, model, lambda i, ps=by_phase[phase], f=first: ps[i - f],
                                                   cell.requests, cell.concurrency, opts, phase=phase,
                                                   first_index=first)
             after = metrics.snapshot(await _counters(url))

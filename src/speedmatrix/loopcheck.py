@@ -67,7 +67,6 @@ def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str,
     settings = dict(settings)
     policy = settings.pop("policy", "any")
     max_fraction = float(settings.pop("max_loop_fraction", 0.1))
-    settings.pop("stop_early", None)
     if policy not in POLICIES:
         raise ValueError(f"unknown loop policy {policy!r}; known: {', '.join(POLICIES)}")
     per = [judge_request(row, settings) for row in requests.itertuples(index=False)]

@@ -122,14 +122,20 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     # only zombies left counts as gone
+    return bool(group_members(pgid))
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of a process group, from /proc."""
+    pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().split(")")[-1].split()
         except OSError:
             continue
         if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+            pids.append(int(stat.parent.name))
+    return pids
 
 
 def end_group(pgid: int, grace_s: float = STOP_GRACE_S) -> None:
