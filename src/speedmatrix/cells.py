@@ -150,6 +150,8 @@ def request_options(cell: Cell, client_cfg: dict[str, Any], loop_cfg: dict[str, 
         stop_looping=bool(client_cfg.get("stop_looping", False)),
         loop_thresholds={k: v for k, v in (loop_cfg or {}).items() if k in loops.DEFAULTS},
         eos_text=eos_text,
+        api=client_cfg.get("api", "completions"),
+        chat_template_kwargs=client_cfg.get("chat_template_kwargs"),
     )
 
 
@@ -275,6 +277,8 @@ async def measure(
             "usage_per_chunk": opts.usage_per_chunk,
             "stop_looping": opts.stop_looping,
             "prompt_format": prompt_format,
+            "api": opts.api,
+            "chat_template_kwargs": opts.chat_template_kwargs,
             "prompt_seed": seed,
             "prompt_nonce": nonce,
         }
@@ -362,6 +366,7 @@ def request_table(records: list[client.RequestRecord], ident: dict[str, Any]) ->
             "error": r.error,
             "tokens_reconciled": r.tokens_reconciled,
             "prompt_format": r.prompt_format,
+            "server_prompt_tokens": r.server_prompt_tokens,
             "loop_detected_at_token": r.loop_detected_at_token,
             "natural_end_char": r.natural_end_char,
             "stopped_for_loop": r.stopped_for_loop,
@@ -372,7 +377,8 @@ def request_table(records: list[client.RequestRecord], ident: dict[str, Any]) ->
             "text": r.text,
         })
     cols = ["request_index", "worker", "prompt_tokens", "start_s", "ttft_ms", "end_s", "output_tokens", "chunks",
-            "finish_reason", "cut_at_window_end", "error", "tokens_reconciled", "prompt_format", "loop_detected_at_token",
+            "finish_reason", "cut_at_window_end", "error", "tokens_reconciled", "prompt_format", "server_prompt_tokens",
+            "loop_detected_at_token",
             "natural_end_char",
             "stopped_for_loop", "chunk_tokens", "chunk_chars", "phase", "text"]
     return pd.DataFrame(rows, columns=list(ident) + cols)
@@ -396,7 +402,8 @@ def measurement_key(cell: Cell, launch: dict[str, Any], lock: dict[str, Any], cl
         "argv": launch["argv"],
         "env": launch["env"],
         "models": launch["models"],
-        "packages_sha256": lock["packages_sha256"],
+        "packages_sha256": lock.get("packages_sha256"),
+        "runtime_ref": lock.get("runtime_ref"),  # a container image's digest
         "client": client_cfg,
         # with stop_looping the loop thresholds decide when a request ends: part of the measurement
         "loops": loop_cfg if client_cfg.get("stop_looping") else None,
@@ -455,6 +462,14 @@ def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str
     lock = atomic.read_json(lock_path)
     progress = print
     progress(f"cell {server_id}/{cell_id}: {cell.as_dict()}")
+    if launch.get("api_key_env"):
+        # the server's key (config: api_key_env) is what the client sends; it stays in this
+        # process's environment and the server's, never in a file
+        name = launch["api_key_env"]
+        if not os.environ.get(name):
+            raise CellError(f"server config {server_id} takes its API key from the environment variable {name}, "
+                            f"which is not set: export {name}=... and run again")
+        os.environ[client.API_KEY_ENV] = os.environ[name]
     key = measurement_key(cell, launch, lock, exp.client, exp.loops)
     stored_json, stored_requests = store_paths(Path(launch_path).resolve().parents[2], server_id, cell_id, key)
     if restore(stored_json, stored_requests, out_json, out_requests):

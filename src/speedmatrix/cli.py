@@ -57,8 +57,21 @@ def cmd_argv(ns: argparse.Namespace) -> int:
     from . import experiment, runtimes
 
     exp = experiment.load(ns.experiment, ns.experiments_dir)
+    lock_path = Path(ns.results_dir) / exp.name / "runtime.lock.json"
+    image = json.loads(lock_path.read_text()).get("image_ref") if lock_path.exists() else None
+    if exp.runtime["kind"] != "local" and not image:
+        print(f"# image not pinned yet ({lock_path} absent): shown as configured; the run uses its digest",
+              file=sys.stderr)
     for srv in exp.servers:
-        argv = runtimes.launch_argv(exp, srv, ns.models_dir, srv.port or 8000)
+        revisions = {}
+        for name in [srv.model] + ([srv.speculative["model"]] if srv.speculative else []):
+            manifest = Path(ns.models_dir) / name / "speedmatrix-model.json"
+            if manifest.exists():
+                m = json.loads(manifest.read_text())
+                if m.get("source") == "huggingface":
+                    revisions[name] = m["revision"]
+        port = srv.port or runtimes.PORT_PLACEHOLDER
+        argv = runtimes.launch_argv(exp, srv, ns.models_dir, port, revisions, image)
         print(f"{srv.id}\t{json.dumps(runtimes.redact_argv(argv))}")
     return 0
 
@@ -139,12 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("files", nargs="+")
     lo.set_defaults(func=cmd_loops)
 
-    for name, func, text in (("argv", cmd_argv, "print each server config's launch argv (JSON list)"),
-                             ("validate", cmd_validate, "check an experiment file against the schema")):
-        a = sub.add_parser(name, help=text)
+    for name, func, text in (
+        ("argv", cmd_argv, "print each server config's id, a tab, and its launch argv as a JSON list (the docker "
+         "or apptainer command included): exactly what the workflow runs. The image digest and model revisions "
+         "appear once pinned (runtime.lock.json, the model manifests); {port} is the host port chosen at start "
+         "unless the config fixes it"),
+        ("validate", cmd_validate, "check an experiment file against the schema"),
+    ):
+        a = sub.add_parser(name, help=text.split(":")[0], description=text)
         a.add_argument("experiment")
         a.add_argument("--experiments-dir", default="config/experiments")
         a.add_argument("--models-dir", default="resources/models")
+        a.add_argument("--results-dir", default="results")
         a.set_defaults(func=func)
 
     ls = sub.add_parser("experiments", help="list the experiments in config/experiments")

@@ -31,13 +31,20 @@ def auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+
+
 class _Choice(msgspec.Struct):
-    text: str | None = None
+    text: str | None = None  # /v1/completions
+    delta: _Delta | None = None  # /v1/chat/completions
     finish_reason: str | None = None
 
 
 class _Usage(msgspec.Struct):
     completion_tokens: int | None = None
+    prompt_tokens: int | None = None
 
 
 class _Event(msgspec.Struct):
@@ -70,13 +77,29 @@ class RequestOptions:
     # with ignore_eos: the model's end-of-text token as text; special tokens are then kept in the
     # output so the client can see where the model had ended (natural_end_char)
     eos_text: str | None = None
+    # "completions" (/v1/completions, the prompt as given) or "chat" (/v1/chat/completions: the
+    # prompt text as one user message, through the model's chat template with chat_template_kwargs,
+    # e.g. {"enable_thinking": false} as seed 003 asks)
+    api: str = "completions"
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @property
+    def path(self) -> str:
+        return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
 
     def payload(self, model: str, prompt: list[int] | str) -> dict[str, Any]:
-        extra = {"skip_special_tokens": False} if self.ignore_eos and self.eos_text else {}
+        extra: dict[str, Any] = {"skip_special_tokens": False} if self.ignore_eos and self.eos_text else {}
+        if self.api == "chat":
+            if not isinstance(prompt, str):
+                raise ValueError("the chat API takes text prompts (client.prompt_format: text)")
+            extra["messages"] = [{"role": "user", "content": prompt}]
+            if self.chat_template_kwargs:
+                extra["chat_template_kwargs"] = self.chat_template_kwargs
+        else:
+            extra["prompt"] = prompt
         return {
             **extra,
             "model": model,
-            "prompt": prompt,
             "max_tokens": self.max_tokens,
             "temperature": 0.0,
             "stream": True,
@@ -108,6 +131,9 @@ class RequestRecord:
     # tokens the final usage event added to (or took from) the events' count: spread evenly over the
     # events (only without per-event usage, when an event carried several tokens)
     tokens_reconciled: int = 0
+    # the prompt's length as the server counted it (final usage event); with the chat API it
+    # includes the chat template's tokens around the prompt text
+    server_prompt_tokens: int | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -137,7 +163,7 @@ async def stream_completion(
     last_usage = 0
     parts: list[str] = []  # joined once at the end (appending to an attribute copies the text every chunk)
     try:
-        async with session.post(f"{base_url}/v1/completions", json=payload,
+        async with session.post(f"{base_url}{opts.path}", json=payload,
                                 headers=auth_headers() if headers is None else headers) as resp:
             if resp.status != 200:
                 body = (await resp.text())[:300]
@@ -192,8 +218,12 @@ async def stream_completion(
                     if not msg.choices:
                         if usage is not None:  # the final usage event: the request's exact total
                             _reconcile(record, usage)
+                            record.server_prompt_tokens = msg.usage.prompt_tokens
                         continue
-                    text = msg.choices[0].text
+                    choice = msg.choices[0]
+                    text = choice.text
+                    if choice.delta is not None:  # chat: the answer, or the model's thinking
+                        text = choice.delta.content or choice.delta.reasoning_content
                     if usage is not None:
                         n = usage - last_usage
                         last_usage = usage

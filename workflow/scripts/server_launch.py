@@ -4,6 +4,7 @@ from speedmatrix import atomic, experiment, logs, runtimes
 
 with logs.to_file(snakemake.log[0]):
     exp = experiment.load(snakemake.params.experiment, snakemake.params.experiments_dir)
-    spec = runtimes.launch_spec(exp, snakemake.wildcards.server_id, snakemake.params.models_dir)
+    lock = atomic.read_json(snakemake.input.lock)
+    spec = runtimes.launch_spec(exp, snakemake.wildcards.server_id, snakemake.params.models_dir, lock)
     atomic.write_json(snakemake.output[0], spec)
-    print("launch argv (port chosen at start):", spec["argv_redacted"])
+    print("launch argv ({port}: the host port, chosen at start):", spec["argv_redacted"])

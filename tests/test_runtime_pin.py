@@ -1,0 +1,147 @@
+"""A container image is pinned to its digest by asking a real registry (Debian's docker-registry on loopback)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+import requests
+import yaml
+
+from conftest import REPO
+from speedmatrix import experiment, registry, runtimes
+from speedmatrix.server import free_port
+
+REGISTRY_BIN = shutil.which("docker-registry") or shutil.which("registry")
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+
+
+@pytest.fixture(scope="module")
+def local_registry(tmp_path_factory):
+    if REGISTRY_BIN is None:
+        if os.environ.get("SPEEDMATRIX_CI"):
+            pytest.fail("docker-registry is not installed (.ci/install-registry installs it)")
+        pytest.skip("docker-registry is not installed: apt-get install docker-registry (.ci/install-registry)")
+    d = tmp_path_factory.mktemp("registry")
+    port = free_port("127.0.0.1")
+    (d / "config.yml").write_text(yaml.safe_dump({
+        "version": 0.1,
+        "log": {"level": "warn"},
+        "storage": {"filesystem": {"rootdirectory": str(d / "data")}, "delete": {"enabled": True}},
+        "http": {"addr": f"127.0.0.1:{port}"},
+    }))
+    log = open(d / "registry.log", "wb")
+    proc = subprocess.Popen([REGISTRY_BIN, "serve", str(d / "config.yml")], stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if requests.get(f"{base}/v2/", timeout=1).status_code == 200:
+                break
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            pytest.fail(f"docker-registry did not start: {(d / 'registry.log').read_text()[-2000:]}")
+        time.sleep(0.2)
+    yield f"127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)
+    log.close()
+
+
+def push_image(host: str, name: str, tag: str, payload: bytes) -> str:
+    """Push a one-layer OCI image through the registry's HTTP API; return the manifest's digest."""
+    base = f"http://{host}/v2/{name}"
+
+    def blob(data: bytes) -> dict:
+        digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+        start = requests.post(f"{base}/blobs/uploads/", timeout=10)
+        assert start.status_code == 202, start.text
+        loc = start.headers["Location"]
+        loc = loc if loc.startswith("http") else f"http://{host}{loc}"
+        put = requests.put(loc, params={"digest": digest}, data=data,
+                           headers={"Content-Type": "application/octet-stream"}, timeout=10)
+        assert put.status_code == 201, put.text
+        return {"digest": digest, "size": len(data)}
+
+    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []},
+                         "config": {"Entrypoint": ["vllm", "serve"]}}).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_TYPE,
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **blob(payload)}],
+    }).encode()
+    resp = requests.put(f"{base}/manifests/{tag}", data=manifest, headers={"Content-Type": MANIFEST_TYPE},
+                        timeout=10)
+    assert resp.status_code == 201, resp.text
+    return f"sha256:{hashlib.sha256(manifest).hexdigest()}"
+
+
+def docker_experiment(tmp_path, image: str, kind: str = "docker"):
+    data = yaml.safe_load((REPO / "config/experiments/tiny-cpu.yaml").read_text())
+    data["runtime"] = {"kind": kind, "image": image, "gpus": "all", "options": ["--ipc=host"],
+                       "volumes": ["~/.cache/huggingface:/root/.cache/huggingface"]}
+    d = tmp_path / "experiments"
+    d.mkdir(exist_ok=True)
+    (d / "pinned.yaml").write_text(yaml.safe_dump(data))
+    return experiment.load("pinned", d)
+
+
+def test_tag_resolves_to_the_digest_the_registry_holds(local_registry, tmp_path):
+    digest = push_image(local_registry, "speedmatrix/vllm", "v1", b"layer one")
+    exp = docker_experiment(tmp_path, f"{local_registry}/speedmatrix/vllm:v1")
+    lock = runtimes.pin(exp)
+    assert lock["digest"] == digest
+    assert lock["image_ref"] == f"{local_registry}/speedmatrix/vllm@{digest}"
+    assert lock["tag"] == "v1" and lock["runtime_ref"] == f"docker:{lock['image_ref']}"
+
+    # the launch runs the digest, not the tag
+    srv = exp.server("base")
+    argv = runtimes.launch_argv(exp, srv, tmp_path / "models", 8123, image=lock["image_ref"])
+    assert argv[:2] == ["docker", "run"] and lock["image_ref"] in argv
+    assert f"{local_registry}/speedmatrix/vllm:v1" not in argv
+    assert argv[argv.index("-p") + 1] == "8123:8000"  # host port -> the container's 8000
+    assert argv[argv.index("--port") + 1] == "8000"
+    assert runtimes.stop_argv(exp, srv) == ["docker", "rm", "--force", "speedmatrix-pinned-base"]
+
+    # the tag moves: pinning again asks the registry and gets the new digest
+    moved = push_image(local_registry, "speedmatrix/vllm", "v1", b"layer two")
+    assert moved != digest and runtimes.pin(exp)["digest"] == moved
+
+    # apptainer runs the same digest through docker://
+    app = docker_experiment(tmp_path, f"{local_registry}/speedmatrix/vllm:v1", kind="apptainer")
+    lock = runtimes.pin(app)
+    argv = runtimes.launch_argv(app, app.server("base"), tmp_path / "models", 8124, image=lock["image_ref"])
+    assert argv[:3] == ["apptainer", "run", "--nv"]
+    assert f"docker://{local_registry}/speedmatrix/vllm@{moved}" in argv
+    assert argv[argv.index("--port") + 1] == "8124"
+
+
+def test_unknown_tag_and_unreachable_registry_fail_clearly(local_registry, tmp_path):
+    exp = docker_experiment(tmp_path, f"{local_registry}/speedmatrix/vllm:nonesuch")
+    with pytest.raises(registry.RegistryError, match="no tag 'nonesuch'"):
+        runtimes.pin(exp)
+    port = free_port("127.0.0.1")
+    exp = docker_experiment(tmp_path, f"127.0.0.1:{port}/speedmatrix/vllm:v1")
+    with pytest.raises(registry.RegistryError, match="could not reach the registry"):
+        runtimes.pin(exp)
+
+
+def test_image_references_parse_like_docker():
+    hub = registry.parse("vllm/vllm-openai:cu129-nightly")
+    assert (hub.registry, hub.repository, hub.tag) == (registry.DOCKER_HUB, "vllm/vllm-openai", "cu129-nightly")
+    assert registry.parse("ubuntu").repository == "library/ubuntu" and registry.parse("ubuntu").tag == "latest"
+    assert registry.parse("ubuntu").pinned("sha256:" + "0" * 64) == "ubuntu@sha256:" + "0" * 64
+    local = registry.parse("localhost:5000/a/b:t")
+    assert (local.registry, local.repository, local.tag) == ("http://localhost:5000", "a/b", "t")
+    d = "sha256:" + "a" * 64
+    given = registry.parse(f"nvcr.io/nvidia/vllm@{d}")
+    assert given.digest == d and given.registry == "https://nvcr.io" and given.tag is None
+    assert registry.resolve(f"nvcr.io/nvidia/vllm@{d}")[1] == d  # a digest is used as given, no network
