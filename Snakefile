@@ -22,6 +22,7 @@ include: "rules/model.smk"
 include: "rules/serve.smk"
 include: "rules/bench.smk"
 include: "rules/loops.smk"
+include: "rules/gates.smk"
 include: "rules/aggregate.smk"
 include: "rules/report.smk"
 
@@ -33,6 +34,7 @@ rule all:
         f"{RESULTS}/report.html",
         f"{RESULTS}/matrix.parquet",
         f"{RESULTS}/requests.parquet",
+        f"{RESULTS}/models.lock",
 
 
 onsuccess:

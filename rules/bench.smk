@@ -29,6 +29,7 @@ for kind in WORKLOADS:
             gpu=server_gpus,
         params:
             cell_id=cell_id_of(kind),
+            cell=cell_spec_of(kind),
             experiment=config["experiment"],
             experiments_dir=config["experiments_dir"],
             idle_timeout_s=IDLE_TIMEOUT_S,

@@ -16,6 +16,7 @@ RESULTS = f"{config['results_dir']}/{EXP.name}"
 MODELS = config["models_dir"]
 SERVER_IDS = [s.id for s in EXP.servers]
 WORKLOADS = sm_experiment.WORKLOADS
+GATES = list(EXP.raw.get("gates", {}))
 CELLS = EXP.cells()
 PACKAGES_SHA256 = sm_runtimes.packages_digest()
 IDLE_TIMEOUT_S = float(config.get("server_idle_timeout_s", 900))
@@ -39,6 +40,7 @@ wildcard_constraints:
     # a cell id without its kind (each kind has its rule, rules/bench.smk)
     cell_key=sm_experiment.CELL_KEY_PATTERN,
     model="[A-Za-z0-9][A-Za-z0-9_.-]*",
+    gate="smoke|structured_json|tool_calls",
 
 
 def stop_servers():
@@ -55,6 +57,12 @@ def loop_files():
     return [f"{RESULTS}/loops/{c.server_id}/{c.id}.json" for c in CELLS]
 
 
+def gate_files():
+    return [
+        f"{RESULTS}/gates/{sid}/{gate}.json" for sid in SERVER_IDS for gate in GATES
+    ]
+
+
 def startup_files():
     return [f"{RESULTS}/servers/{sid}/launch.json" for sid in SERVER_IDS]
 
@@ -69,12 +77,12 @@ def server_models(wildcards):
     return [model_manifest(n) for n in names]
 
 
-def model_preset(wildcards):
+def model_spec(wildcards):
     if wildcards.model not in EXP.models:
         raise WorkflowError(
             f"model {wildcards.model!r} is not in {EXP.path} (models: {', '.join(EXP.models)})"
         )
-    return EXP.models[wildcards.model]["synthesize"]
+    return EXP.models[wildcards.model]
 
 
 def cell_id_of(kind):
@@ -82,6 +90,29 @@ def cell_id_of(kind):
         return f"{kind}-{wildcards.cell_key}"
 
     return cell_id
+
+
+def server_spec(wildcards):
+    # everything a server config's launch is built from: a change re-writes its launch spec,
+    # which re-measures its cells
+    srv = EXP.server(wildcards.server_id)
+    return {
+        "runtime": EXP.runtime,
+        "models": {
+            n: EXP.models[n]
+            for n in [srv.model]
+            + ([srv.speculative["model"]] if srv.speculative else [])
+        },
+        "server": {k: v for k, v in vars(srv).items() if k != "workloads"},
+    }
+
+
+def cell_spec_of(kind):
+    # the cell's whole definition (requests, output cap, duration, ...): a change re-measures it
+    def cell_spec(wildcards):
+        return EXP.cell(wildcards.server_id, f"{kind}-{wildcards.cell_key}").as_dict()
+
+    return cell_spec
 
 
 def cell_priority(wildcards):

@@ -3,13 +3,43 @@ rule report:
         matrix=f"{RESULTS}/matrix.parquet",
         lock=f"{RESULTS}/runtime.lock.json",
         launches=startup_files(),
+        gates=gate_files(),
+        models_lock=f"{RESULTS}/models.lock",
     output:
         md=f"{RESULTS}/report.md",
-        html=f"{RESULTS}/report.html",
-        heatmap_html=f"{RESULTS}/charts/decode_heatmap.html",
+        html=report(
+            f"{RESULTS}/report.html",
+            caption="../docs/captions/report.rst",
+            category="Tables",
+        ),
+        heatmap_html=f"{RESULTS}/charts/heatmap.html",
         heatmap_png=report(
-            f"{RESULTS}/charts/decode_heatmap.png",
-            caption="../docs/captions/decode_heatmap.rst",
+            f"{RESULTS}/charts/heatmap.png",
+            caption="../docs/captions/heatmap.rst",
+            category="Charts",
+        ),
+        throughput_html=f"{RESULTS}/charts/throughput.html",
+        throughput_png=report(
+            f"{RESULTS}/charts/throughput.png",
+            caption="../docs/captions/throughput.rst",
+            category="Charts",
+        ),
+        ttft_html=f"{RESULTS}/charts/ttft.html",
+        ttft_png=report(
+            f"{RESULTS}/charts/ttft.png",
+            caption="../docs/captions/ttft.rst",
+            category="Charts",
+        ),
+        spec_html=f"{RESULTS}/charts/spec.html",
+        spec_png=report(
+            f"{RESULTS}/charts/spec.png",
+            caption="../docs/captions/spec.rst",
+            category="Charts",
+        ),
+        prefix_html=f"{RESULTS}/charts/prefix.html",
+        prefix_png=report(
+            f"{RESULTS}/charts/prefix.png",
+            caption="../docs/captions/prefix.rst",
             category="Charts",
         ),
     log:

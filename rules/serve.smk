@@ -15,5 +15,6 @@ rule server_launch:
         experiment=config["experiment"],
         experiments_dir=config["experiments_dir"],
         models_dir=MODELS,
+        server=server_spec,
     script:
         "../workflow/scripts/server_launch.py"

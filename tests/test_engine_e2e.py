@@ -63,10 +63,10 @@ def test_default_run_produces_the_output_contract(full_run):
         assert cj["provenance"]["runtime_ref"] == lock["runtime_ref"]
         assert (res / "cells" / cell.server_id / f"{cell.id}.requests.parquet").exists()
         assert (res / "loops" / cell.server_id / f"{cell.id}.json").exists()
-    for f in ("matrix.parquet", "requests.parquet", "report.md", "report.html", "charts/decode_heatmap.html",
-              "charts/decode_heatmap.png"):
+    for f in ("matrix.parquet", "requests.parquet", "report.md", "report.html", "charts/heatmap.html",
+              "charts/heatmap.png"):
         assert (res / f).stat().st_size > 0, f
-    assert (res / "charts/decode_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+    assert (res / "charts/heatmap.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_matrix_is_real_and_complete(full_run):

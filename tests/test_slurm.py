@@ -81,7 +81,7 @@ def test_tiny_cpu_on_slurm(slurm_run):
     exp = experiment.load("tiny-cpu")
     m = pd.read_parquet(res / "matrix.parquet")
     assert len(m) == len(exp.cells())
-    assert (res / "report.md").exists() and (res / "charts/decode_heatmap.png").exists()
+    assert (res / "report.md").exists() and (res / "charts/heatmap.png").exists()
     # one allocation per server config, a different one for each config
     ids = job_ids(res)
     assert set(ids) == {s.id for s in exp.servers}

@@ -27,6 +27,8 @@ MATRIX_COLUMNS = [
     # loops (docs/decisions: issue 5): the figure over the requests that did not loop, and trust in acceptance
     "looped_requests", "total_tok_s_non_looping", "spec_acceptance_reliable", "loops_after_natural_end",
     "prompt_format",
+    # seed experiments: the sweep a server config belongs to and its point ("path=label; ..."), the API used
+    "sweep", "sweep_point", "api",
 ]
 
 
@@ -42,6 +44,9 @@ def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
         "cell_id": spec["cell_id"],
         "model": srv["model"],
         "spec_tokens": srv["spec_tokens"],
+        "sweep": srv.get("sweep"),
+        "sweep_point": "; ".join(f"{k}={v['label']}" for k, v in (srv.get("sweep_values") or {}).items()) or None,
+        "api": res.get("api", "completions"),
         "workload": spec["workload"],
         "context_tokens": spec["context_tokens"],
         "concurrency": spec["concurrency"],

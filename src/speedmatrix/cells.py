@@ -440,6 +440,18 @@ def provenance(startup: dict[str, Any], runtime_lock: dict[str, Any], launch: di
     }
 
 
+def use_api_key(launch: dict[str, Any]) -> None:
+    """The server's key (config: api_key_env) is what the client sends; it stays in this process's
+    environment and the server's, never in a file."""
+    name = launch.get("api_key_env")
+    if not name:
+        return
+    if not os.environ.get(name):
+        raise CellError(f"server config {launch['server_id']} takes its API key from the environment variable "
+                        f"{name}, which is not set: export {name}=... and run again")
+    os.environ[client.API_KEY_ENV] = os.environ[name]
+
+
 def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str,
         launch_path: str, lock_path: str, out_json: str, out_requests: str, idle_timeout_s: float) -> dict:
     """The cell rule: acquire the server (starting it if needed), measure, write once.
@@ -462,14 +474,7 @@ def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str
     lock = atomic.read_json(lock_path)
     progress = print
     progress(f"cell {server_id}/{cell_id}: {cell.as_dict()}")
-    if launch.get("api_key_env"):
-        # the server's key (config: api_key_env) is what the client sends; it stays in this
-        # process's environment and the server's, never in a file
-        name = launch["api_key_env"]
-        if not os.environ.get(name):
-            raise CellError(f"server config {server_id} takes its API key from the environment variable {name}, "
-                            f"which is not set: export {name}=... and run again")
-        os.environ[client.API_KEY_ENV] = os.environ[name]
+    use_api_key(launch)
     key = measurement_key(cell, launch, lock, exp.client, exp.loops)
     stored_json, stored_requests = store_paths(Path(launch_path).resolve().parents[2], server_id, cell_id, key)
     if restore(stored_json, stored_requests, out_json, out_requests):
@@ -494,7 +499,8 @@ def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str
         "experiment": exp.name,
         "cell": cell.as_dict(),
         "server": {"server_id": server_id, "model": launch["model"], "spec_tokens": launch["spec_tokens"],
-                   "served_model_name": launch["served_model_name"]},
+                   "served_model_name": launch["served_model_name"], "sweep": launch.get("sweep"),
+                   "sweep_values": launch.get("sweep_values") or {}},
         "client": exp.client,
         "result": result,
         "provenance": provenance(startup, lock, launch),

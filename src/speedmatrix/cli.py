@@ -76,6 +76,17 @@ def cmd_argv(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(ns: argparse.Namespace) -> int:
+    from . import compare
+
+    try:
+        print(compare.compare(ns.run_a, ns.run_b, ns.out, ns.match, ns.server_a, ns.server_b))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"speedmatrix compare: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_validate(ns: argparse.Namespace) -> int:
     from . import experiment
 
@@ -165,6 +176,20 @@ def build_parser() -> argparse.ArgumentParser:
         a.add_argument("--models-dir", default="resources/models")
         a.add_argument("--results-dir", default="results")
         a.set_defaults(func=func)
+
+    c = sub.add_parser("compare", help="compare two runs cell by cell (table with changes, and a chart)",
+                       description="Compare two runs cell by cell: each figure (output tok/s, median and p95 TTFT) "
+                       "for A and B with B's change against A, like seed 003's matched comparison. A run is a "
+                       "results directory (results/<experiment>) or its matrix.parquet.")
+    c.add_argument("run_a")
+    c.add_argument("run_b")
+    c.add_argument("--match", choices=["server", "cell"], default="server",
+                   help="match cells on server config and cell id (default), or on the cell id alone "
+                        "(two runs of different server configs)")
+    c.add_argument("--server-a", help="only this server config of run A")
+    c.add_argument("--server-b", help="only this server config of run B")
+    c.add_argument("--out", help="also write compare.md, compare.html and compare.png in this directory")
+    c.set_defaults(func=cmd_compare)
 
     ls = sub.add_parser("experiments", help="list the experiments in config/experiments")
     ls.add_argument("--experiments-dir", default="config/experiments")

@@ -33,7 +33,8 @@ def auth_headers() -> dict[str, str]:
 
 class _Delta(msgspec.Struct):
     content: str | None = None
-    reasoning_content: str | None = None
+    reasoning: str | None = None  # the model's thinking (vLLM's reasoning parser)
+    reasoning_content: str | None = None  # its older name
 
 
 class _Choice(msgspec.Struct):
@@ -222,13 +223,16 @@ async def stream_completion(
                         continue
                     choice = msg.choices[0]
                     text = choice.text
-                    if choice.delta is not None:  # chat: the answer, or the model's thinking
-                        text = choice.delta.content or choice.delta.reasoning_content
+                    if choice.delta is not None:  # chat: the answer, or the model's thinking (a token too)
+                        d = choice.delta
+                        text = d.content or d.reasoning or d.reasoning_content
                     if usage is not None:
                         n = usage - last_usage
                         last_usage = usage
                     else:
-                        n = 1  # an event carries at least one token; the final usage corrects the count
+                        # a completions event carries at least one token (the final usage corrects the count);
+                        # a chat event without text (the opening role event, a closing event) carries none
+                        n = 1 if (text or choice.delta is None) else 0
                     if text:
                         parts.append(text)
                     if n > 0:

@@ -83,6 +83,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
+# a second target of another width, for side-by-side model comparisons on the CPU (seed 003's shape)
+PRESETS["tiny-gemma4-wide"] = copy.deepcopy(PRESETS["tiny-gemma4"])
+PRESETS["tiny-gemma4-wide"]["config"].update(hidden_size=128, intermediate_size=512)
+
 MANIFEST = "speedmatrix-model.json"
 
 
@@ -178,3 +182,97 @@ def eos_text(model_dir: str | Path) -> str | None:
     if isinstance(tok, dict):
         tok = tok.get("content")
     return tok if isinstance(tok, str) and tok else None
+
+
+# ---------------------------------------------------------------------------
+# models from the Hugging Face Hub, pinned to a commit
+
+
+class ModelError(RuntimeError):
+    """A model could not be had; the message says which and what to do (and never holds a token)."""
+
+
+def _scrub(text: str) -> str:
+    """Remove the Hub token's value from a message, wherever a library put it."""
+    import os
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        value = os.environ.get(name)
+        if value:
+            text = text.replace(value, "<redacted>")
+    return text
+
+
+def snapshot_files(snapshot: Path) -> dict[str, dict[str, Any]]:
+    """Each file of a cache snapshot with the Hub's hash of it: the blob it links to is named by its
+    sha256 (LFS files) or git blob sha1; files are not re-read (weights can be tens of GB)."""
+    out = {}
+    for p in sorted(snapshot.rglob("*")):
+        if p.is_file():
+            blob = Path(p.resolve()).name if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest()
+            out[str(p.relative_to(snapshot))] = {"blob": blob, "size": p.stat().st_size}
+    return out
+
+
+def download(name: str, repo: str, revision: str, out_dir: str | Path,
+             allow_patterns: list[str] | None = None) -> dict[str, Any]:
+    """Download ``repo`` at ``revision`` into the Hugging Face cache (or find it there) and write the
+    model's manifest: the commit it resolved to and every file's hash.
+
+    A gated repository needs ``HF_TOKEN`` in the environment; huggingface_hub
+    reads it from there, and this module never prints, records or repeats it.
+    With ``HF_HUB_OFFLINE=1`` only the cache is used.
+    """
+    from huggingface_hub import constants, errors, snapshot_download
+
+    where = f"model {name!r} ({repo} at revision {revision})"
+    try:
+        path = Path(snapshot_download(repo_id=repo, revision=revision, allow_patterns=allow_patterns))
+    except errors.LocalEntryNotFoundError:
+        raise ModelError(
+            f"{where} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and downloads are off "
+            f"(HF_HUB_OFFLINE={int(constants.HF_HUB_OFFLINE)}): run once with network access, or populate the "
+            "cache (HF_HUB_CACHE / HF_HOME) from a machine that has it") from None
+    except errors.GatedRepoError:
+        raise ModelError(f"{where} is gated: accept its license on huggingface.co, then export HF_TOKEN "
+                         "with a token that may read it") from None
+    except errors.RepositoryNotFoundError:
+        raise ModelError(f"{where}: no such repository, or it is private or gated and HF_TOKEN is not set "
+                         "or may not read it") from None
+    except errors.RevisionNotFoundError:
+        raise ModelError(f"{where}: the repository has no such revision (a commit sha, branch or tag)") from None
+    except Exception as exc:  # network and HTTP errors: say which model, never the token
+        raise ModelError(_scrub(f"{where}: {type(exc).__name__}: {exc}")) from None
+    commit = path.name
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "source": "huggingface",
+        "repo": repo,
+        "revision_requested": revision,
+        "revision": commit,
+        "pinned": revision == commit,
+        "local_dir": str(path),
+        "allow_patterns": allow_patterns,
+        "files": snapshot_files(path),
+    }
+    atomic.write_json(out / MANIFEST, manifest)
+    return manifest
+
+
+def prepare(name: str, spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
+    """The model stage: synthesize a preset, or download a Hub repository at its revision."""
+    if "synthesize" in spec:
+        return synthesize(spec["synthesize"], out_dir)
+    return download(name, spec["repo"], spec["revision"], out_dir, spec.get("allow_patterns"))
+
+
+def lock(manifests: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """models.lock: per model, where it came from, the commit (or recipe) and the file hashes."""
+    out = {}
+    for name, m in sorted(manifests.items()):
+        entry = {k: m.get(k) for k in ("source", "repo", "revision_requested", "revision", "pinned", "preset",
+                                       "kind", "weights") if m.get(k) is not None}
+        entry["files"] = m.get("files", {})
+        out[name] = entry
+    return {"models": out}

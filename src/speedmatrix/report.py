@@ -146,6 +146,132 @@ def full_table(m: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _delta(a: Any, b: Any) -> str:
+    """b against a, as a percentage (seed 003: "35.7% faster")."""
+    if _missing(a) or _missing(b) or float(a) == 0:
+        return "—"
+    return f"{(float(b) / float(a) - 1):+.1%}"
+
+
+def _vary_header(path: str) -> str:
+    return {"speculative.num_speculative_tokens": "Spec tokens", "args.max-num-seqs": "max-num-seqs",
+            "args.max-num-batched-tokens": "batch", "env.VLLM_USE_V2_MODEL_RUNNER": "Runner",
+            "model": "Model"}.get(path, path.split(".")[-1])
+
+
+def _cell_label(r: Any) -> str:
+    ctx = fmt_ctx(int(r.context_tokens))
+    if r.workload in ("latency", "prefill"):
+        return f"{ctx}-tok"
+    return f"c{int(r.concurrency)} / {ctx}"
+
+
+def sweep_table(m: pd.DataFrame, servers: list[Any]) -> str:
+    """One row per point of a sweep (seed 000's sweep tables; seed 003's matched comparison).
+
+    One cell per config: tok/s, mean TTFT and (with speculation) acceptance, as seed 000's
+    speculative and max-num-seqs tables. Several latency cells: TTFT per input size and tok/s
+    (seed 000's batched-tokens table). Several capacity cells: output tok/s per cell and the
+    p95 TTFT of the largest, then each column's change against the first row (seed 003).
+    """
+    rows = [s for s in servers if (m["server_id"] == s.id).any()]
+    if not rows:
+        return "(no measurements)"
+    paths = list(rows[0].sweep_values)
+    heads = [_vary_header(pth) for pth in paths]
+    valid = m[m["status"] != "over_capacity"]
+    first = m[m["server_id"] == rows[0].id].sort_values(["workload", "context_tokens", "concurrency"])
+    cells = list(first.itertuples())
+    spec = any(s.spec_tokens for s in rows)
+
+    def point(s):
+        return [str(s.sweep_values[pth]["label"]) for pth in paths]
+
+    def pick(sid, c):
+        r = valid[(valid["server_id"] == sid) & (valid["cell_id"] == c.cell_id)]
+        return None if r.empty else r.iloc[0]
+
+    def status_or(r, text):
+        if r is None:
+            return "Over capacity"
+        return text if r["status"] == "valid" else STATUS_LABEL.get(r["status"], r["status"])
+
+    lines = []
+    if len(cells) == 1:
+        c = cells[0]
+        cols = ["tok/s", "Mean TTFT", "Median TTFT"] + (["Acceptance rate", "Accept length"] if spec else [])
+        cols += [f"tok/s vs {'/'.join(point(rows[0]))}"]
+        lines += ["| " + " | ".join(heads + cols) + " |", "|---" * (len(heads) + len(cols)) + "|"]
+        base = pick(rows[0].id, c)
+        for s in rows:
+            r = pick(s.id, c)
+            tok = None if r is None else r["total_tok_s"]
+            vals = [status_or(r, fmt_num(tok)), "—" if r is None else fmt_ms(r["mean_ttft_ms"]),
+                    "—" if r is None else fmt_ms(r["ttft_ms"])]
+            if spec:
+                vals += ["—" if r is None else _pct(r["spec_acceptance_rate"]),
+                         "—" if r is None else ("—" if _missing(r["spec_acceptance_length"])
+                                                else f"{float(r['spec_acceptance_length']):.2f}")]
+            vals.append(_delta(None if base is None else base["total_tok_s"], tok))
+            lines.append("| " + " | ".join(point(s) + vals) + " |")
+        return "\n".join(lines)
+    if all(c.workload in ("latency", "prefill") for c in cells):
+        cols = [f"{_cell_label(c)} TTFT" for c in cells] + ["tok/s"] + (["Acceptance rate"] if spec else [])
+        lines += ["| " + " | ".join(heads + cols) + " |", "|---" * (len(heads) + len(cols)) + "|"]
+        for s in rows:
+            rs = [pick(s.id, c) for c in cells]
+            vals = [status_or(r, fmt_ms(r["ttft_ms"]) if r is not None else "") for r in rs]
+            tok = [r["per_request_tok_s"] for r in rs if r is not None and not _missing(r["per_request_tok_s"])]
+            vals.append(fmt_num(sum(tok) / len(tok)) if tok else "—")
+            if spec:
+                acc = [r["spec_acceptance_rate"] for r in rs if r is not None and not _missing(r["spec_acceptance_rate"])]
+                vals.append(_pct(sum(acc) / len(acc)) if acc else "—")
+            lines.append("| " + " | ".join(point(s) + vals) + " |")
+        return "\n".join(lines)
+    # capacity-shaped: throughput per cell, the largest cell's p95 TTFT, then the changes against the first row
+    last = max(cells, key=lambda c: (c.concurrency, c.context_tokens))
+    cols = [_cell_label(c) for c in cells] + [f"{_cell_label(last)} p95 TTFT"]
+    lines += ["| " + " | ".join(heads + cols) + " |", "|---" * (len(heads) + len(cols)) + "|"]
+    table = {}
+    for s in rows:
+        rs = [pick(s.id, c) for c in cells]
+        table[s.id] = rs
+        vals = [status_or(r, fmt_num(r["total_tok_s"]) if r is not None else "") for r in rs]
+        rl = pick(s.id, last)
+        vals.append("—" if rl is None else fmt_ms(rl["p95_ttft_ms"]))
+        lines.append("| " + " | ".join(point(s) + vals) + " |")
+    ref = "/".join(point(rows[0]))
+    lines += ["", f"Change against {ref} (output tok/s; p95 TTFT: lower is better):", "",
+              "| " + " | ".join(heads + cols) + " |", "|---" * (len(heads) + len(cols)) + "|"]
+    for s in rows:
+        vals = [_delta(None if a is None else a["total_tok_s"], None if b is None else b["total_tok_s"])
+                for a, b in zip(table[rows[0].id], table[s.id])]
+        a, b = pick(rows[0].id, last), pick(s.id, last)
+        vals.append(_delta(None if a is None else a["p95_ttft_ms"], None if b is None else b["p95_ttft_ms"]))
+        lines.append("| " + " | ".join(point(s) + vals) + " |")
+    return "\n".join(lines)
+
+
+def gates_table(gates: list[dict[str, Any]]) -> str:
+    """Seed 003's quality gates: one row per server config, PASS or FAIL with the reason."""
+    names = [g for g in ("smoke", "structured_json", "tool_calls") if any(d["gate"] == g for d in gates)]
+    label = {"smoke": "Smoke", "structured_json": "Structured JSON", "tool_calls": "Tool calls"}
+    lines = ["| Server config | " + " | ".join(label[g] for g in names) + " |", "|---" * (len(names) + 1) + "|"]
+    for sid in sorted({d["server_id"] for d in gates}):
+        vals = []
+        for g in names:
+            d = next((d for d in gates if d["server_id"] == sid and d["gate"] == g), None)
+            if d is None:
+                vals.append("—")
+                continue
+            text = "PASS" if d["passed"] else f"FAIL: {str(d.get('reason'))[:80]}"
+            if g == "tool_calls" and "valid" in d:
+                text += f" ({d['valid']}/{d['count']})" if d["passed"] else ""
+            vals.append(text.replace("|", "/"))
+        lines.append(f"| {sid} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
 def loop_policy_text(m: pd.DataFrame, settings: dict[str, Any]) -> str:
     policy = settings.get("policy", "any")
     rule = {"any": "one looping request marks a cell Looped (seed 002's rule)",
@@ -165,15 +291,36 @@ def loop_policy_text(m: pd.DataFrame, settings: dict[str, Any]) -> str:
     return text
 
 
+def runtime_lines(lock: dict[str, Any], models_lock: dict[str, Any] | None) -> list[str]:
+    if lock.get("image_ref"):
+        out = [f"- runtime: {lock.get('runtime')} image `{lock.get('image')}` pinned to `{lock.get('image_ref')}` "
+               f"(resolved {lock.get('pinned_at')})"]
+    elif lock.get("command"):
+        out = [f"- runtime: `{' '.join(lock['command'])}` ({lock.get('vllm_version')})"]
+    else:
+        out = [
+            f"- vLLM: {lock.get('vllm_distribution')} {lock.get('vllm_version')} · torch {lock.get('torch_version')}"
+            f" · Python {lock.get('python_version')} · {lock.get('platform')}",
+            f"- runtime: `{lock.get('runtime_ref')}` (package set sha256 `{str(lock.get('packages_sha256'))[:16]}…`)",
+        ]
+    for name, m in ((models_lock or {}).get("models") or {}).items():
+        if m.get("source") == "huggingface":
+            pin = "" if m.get("pinned") else f" (from `{m.get('revision_requested')}`)"
+            out.append(f"- model `{name}`: {m['repo']} at commit `{m['revision']}`{pin}, {len(m['files'])} files")
+        else:
+            out.append(f"- model `{name}`: synthesized `{m.get('preset')}` ({m.get('weights', 'random weights')})")
+    return out
+
+
 def render(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str, Any], charts: dict[str, str],
-           experiment: str, description: str = "", loop_settings: dict[str, Any] | None = None) -> str:
+           experiment: str, description: str = "", loop_settings: dict[str, Any] | None = None,
+           sweeps: list[tuple[dict[str, Any], list[Any]]] | None = None, gates: list[dict[str, Any]] | None = None,
+           models_lock: dict[str, Any] | None = None) -> str:
     out = [f"# {experiment}", ""]
     if description:
         out += [description.strip(), ""]
     out += [
-        f"- vLLM: {lock.get('vllm_distribution')} {lock.get('vllm_version')} · torch {lock.get('torch_version')} · "
-        f"Python {lock.get('python_version')} · {lock.get('platform')}",
-        f"- runtime: `{lock.get('runtime_ref')}` (package set sha256 `{str(lock.get('packages_sha256'))[:16]}…`)",
+        *runtime_lines(lock, models_lock),
         "",
         "## Servers",
         "",
@@ -188,6 +335,16 @@ def render(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
             f"{fmt_int(s.get('kv_cache_size_tokens'))} | {'—' if mc is None else f'{mc:.2f}x'} | "
             f"{s.get('vllm_version')} |"
         )
+    if gates:
+        out += ["", "## Quality gates", "",
+                "Smoke (a short answer that ends by itself), structured JSON (an answer under a JSON schema) and "
+                "tool calls (every request calls the offered tool with valid arguments), against each server "
+                "config. A failed gate is shown here, never dropped.", "", gates_table(gates)]
+    for sweep, servers in sweeps or []:
+        out += ["", f"## {sweep.get('title') or 'Sweep ' + sweep['id']}", "",
+                f"Sweep `{sweep['id']}`: " + "; ".join(f"`{k}` over {', '.join(map(str, (v if isinstance(v, list) else list(v))))}"
+                                                       for k, v in sweep["vary"].items()) + ".", "",
+                sweep_table(matrix, servers)]
     out += ["", "## Loops", "", loop_policy_text(matrix, loop_settings or {})]
     for sid in sorted(matrix["server_id"].unique()):
         m = matrix[matrix["server_id"] == sid]
@@ -261,8 +418,8 @@ def write(path_md: str | Path, path_html: str | Path, text: str, title: str) -> 
 
 
 def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_path: str, launch_paths: list[str],
-          out: dict[str, str]) -> None:
-    """The report rule: the decode heatmap (HTML + PNG), report.md and report.html."""
+          out: dict[str, str], gate_paths: list[str] = (), models_lock_path: str | None = None) -> None:
+    """The report rule: the charts (HTML + PNG), report.md and report.html."""
     import json
 
     from . import atomic, charts, experiment
@@ -275,8 +432,15 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
         startup = Path(p).parent / "startup.json"
         if startup.exists():
             startups.append(json.loads(startup.read_text()))
-    charts.save(charts.decode_heatmap(matrix), out["heatmap_html"], out["heatmap_png"])
-    chart_links = {"Sustained decode heatmap": str(Path(out["heatmap_png"]).relative_to(Path(out["md"]).parent))}
-    text = render(matrix, startups, lock, chart_links, exp.name, exp.raw.get("description", ""), exp.loops)
+    chart_links = {}
+    for name, (title, make) in charts.CHARTS.items():
+        charts.save(make(matrix), out[f"{name}_html"], out[f"{name}_png"])
+        if charts.has_data(name, matrix):
+            chart_links[title] = str(Path(out[f"{name}_png"]).relative_to(Path(out["md"]).parent))
+    sweeps = [(sw, [s for s in exp.servers if s.sweep == sw["id"]]) for sw in exp.sweeps]
+    gates = [atomic.read_json(p) for p in gate_paths]
+    models_lock = atomic.read_json(models_lock_path) if models_lock_path else None
+    text = render(matrix, startups, lock, chart_links, exp.name, exp.raw.get("description", ""), exp.loops,
+                  sweeps, gates, models_lock)
     write(out["md"], out["html"], text, exp.name)
     print(f"report: {out['md']}")

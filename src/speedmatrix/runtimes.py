@@ -176,8 +176,11 @@ def launch_argv(exp: Experiment, srv: ServerConfig, models_dir: str | Path, port
     model = model_ref(exp, srv.model, models_dir)
     image = image or rt.get("image")
     if kind == "local":
-        return [*rt.get("command", DEFAULT_LOCAL_COMMAND), model,
-                *serve_flags(exp, srv, models_dir, port, revisions)]
+        # the server's environment goes in the argv too (`env K=V ... vllm serve`, as seed 002 writes it):
+        # one list says everything the server is started with
+        command = [_home(part) for part in rt.get("command", DEFAULT_LOCAL_COMMAND)]
+        prefix = ["env", *(f"{k}={v}" for k, v in srv.env.items())] if srv.env else []
+        return [*prefix, *command, model, *serve_flags(exp, srv, models_dir, port, revisions)]
     synthesized = sorted({str(Path(models_dir).resolve())} if any("synthesize" in m for m in exp.models.values())
                          else set())
     if kind == "docker":
@@ -244,6 +247,9 @@ def redact_argv(argv: list[str]) -> list[str]:
             hide_next = False
             continue
         flag, eq, _ = item.partition("=")
+        if eq and flag.isidentifier() and any(h in flag.upper() for h in SECRET_ENV_HINTS):
+            out.append(f"{flag}={REDACTED}")  # an environment assignment (env K=V, docker -e K=V)
+            continue
         if flag in SECRET_FLAGS:
             if eq:
                 out.append(f"{flag}={REDACTED}")
@@ -295,7 +301,9 @@ def launch_spec(exp: Experiment, server_id: str, models_dir: str | Path,
         "stop_argv": stop_argv(exp, srv),
         "host": client_host(exp, srv),
         "port": srv.port,
-        "env": {} if exp.runtime["kind"] != "local" else srv.env,
+        # the server's environment is in the argv (env K=V ..., docker -e, apptainer --env)
+        "env": {},
+        "server_env": srv.env,
         "api_key_env": srv.api_key_env,
         "startup_timeout_s": srv.startup_timeout_s,
         "models": manifests,

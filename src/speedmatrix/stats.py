@@ -39,7 +39,8 @@ def token_gaps(rec: RequestRecord) -> list[float]:
     for k in range(1, len(rec.chunk_times)):
         gap = rec.chunk_times[k] - rec.chunk_times[k - 1]
         n = rec.chunk_tokens[k]
-        gaps += [gap / n] * n
+        if n > 0:
+            gaps += [gap / n] * n
     return gaps
 
 

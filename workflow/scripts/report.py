@@ -10,4 +10,6 @@ with logs.to_file(snakemake.log[0]):
         lock_path=snakemake.input.lock,
         launch_paths=snakemake.input.launches,
         out=dict(snakemake.output.items()),
+        gate_paths=snakemake.input.gates,
+        models_lock_path=snakemake.input.models_lock,
     )

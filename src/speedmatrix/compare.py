@@ -1,0 +1,109 @@
+"""Compare two runs cell by cell: ``speedmatrix compare RUN_A RUN_B`` (seed 003's matched comparison).
+
+A run is a results directory (``results/<experiment>``) or its
+``matrix.parquet``. Cells are matched on server config and cell id, or on
+the cell id alone with ``--match cell`` (one server config each side, or the
+ones named by ``--server-a`` / ``--server-b``): the same workload, context,
+concurrency, sharing and corpus on both sides. Each figure is shown for A and
+B with B's change against A.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import altair as alt
+import pandas as pd
+
+from .report import STATUS_LABEL, _delta, fmt_ctx, fmt_ms, fmt_num
+
+FIGURES = [("total_tok_s", "output tok/s", fmt_num), ("ttft_ms", "median TTFT", fmt_ms),
+           ("p95_ttft_ms", "p95 TTFT", fmt_ms)]
+
+
+def load_matrix(run: str | Path) -> pd.DataFrame:
+    path = Path(run)
+    if path.is_dir():
+        path = path / "matrix.parquet"
+    if not path.exists():
+        raise FileNotFoundError(f"{run}: no matrix.parquet (give a results directory of a finished run, "
+                                "e.g. results/<experiment>, or the matrix.parquet itself)")
+    return pd.read_parquet(path)
+
+
+def matched(a: pd.DataFrame, b: pd.DataFrame, match: str = "server", server_a: str | None = None,
+            server_b: str | None = None) -> pd.DataFrame:
+    """One row per cell present on both sides, A's and B's figures side by side."""
+    if server_a:
+        a = a[a["server_id"] == server_a]
+    if server_b:
+        b = b[b["server_id"] == server_b]
+    keep = ["server_id", "cell_id", "workload", "context_tokens", "concurrency", "status", "experiment",
+            *(f for f, _, _ in FIGURES)]
+    if match == "cell":
+        for side, m in (("A", a), ("B", b)):
+            if m["server_id"].nunique() > 1:
+                raise ValueError(f"run {side} has several server configs ({', '.join(sorted(m.server_id.unique()))});"
+                                 f" name one with --server-{side.lower()}")
+        on = ["cell_id"]
+    else:
+        on = ["server_id", "cell_id"]
+    both = a[keep].merge(b[keep], on=on, suffixes=("_a", "_b"))
+    if both.empty:
+        raise ValueError("the two runs have no cell in common (try --match cell with --server-a/--server-b)")
+    for col in ("workload", "context_tokens", "concurrency"):
+        if f"{col}_a" in both:
+            both[col] = both[f"{col}_a"]
+    if "server_id" not in both:
+        both["server_id"] = both["server_id_a"] + " → " + both["server_id_b"]
+    return both.sort_values(["server_id", "workload", "context_tokens", "concurrency"])
+
+
+def table(both: pd.DataFrame, label_a: str, label_b: str) -> str:
+    heads = ["Server config", "Cell"]
+    for _, name, _ in FIGURES:
+        heads += [f"{name} A", f"{name} B", "Δ"]
+    lines = [f"A = {label_a}; B = {label_b}. Δ is B against A (for TTFT, negative is faster).", "",
+             "| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
+    for r in both.itertuples():
+        cell = (f"{r.workload} {fmt_ctx(int(r.context_tokens))}"
+                + (f" c{int(r.concurrency)}" if r.workload not in ("prefill", "latency") else ""))
+        vals = [str(r.server_id), cell]
+        for col, _, fmt in FIGURES:
+            va, vb = getattr(r, f"{col}_a"), getattr(r, f"{col}_b")
+            sa, sb = r.status_a, r.status_b
+            vals += [fmt(va) if sa == "valid" else STATUS_LABEL.get(sa, sa),
+                     fmt(vb) if sb == "valid" else STATUS_LABEL.get(sb, sb),
+                     _delta(va, vb) if sa == sb == "valid" else "—"]
+        lines.append("| " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def chart(both: pd.DataFrame, label_a: str, label_b: str) -> alt.Chart:
+    rows = []
+    for r in both.itertuples():
+        cell = f"{r.server_id} {r.cell_id}"
+        for side, label in (("a", label_a), ("b", label_b)):
+            if getattr(r, f"status_{side}") == "valid":
+                rows.append({"cell": cell, "run": label, "tok_s": getattr(r, f"total_tok_s_{side}")})
+    d = pd.DataFrame(rows, columns=["cell", "run", "tok_s"])
+    return alt.Chart(d).mark_bar().encode(
+        y=alt.Y("cell:N", title=None), x=alt.X("tok_s:Q", title="output tok/s"),
+        color=alt.Color("run:N", title="run"), yOffset="run:N",
+        tooltip=["cell", "run", "tok_s"],
+    ).properties(width=480, title="Output tok/s, cell by cell")
+
+
+def compare(run_a: str, run_b: str, out_dir: str | None = None, match: str = "server",
+            server_a: str | None = None, server_b: str | None = None) -> str:
+    """The comparison table (markdown); with ``out_dir`` also compare.md and the chart (HTML + PNG)."""
+    from . import atomic, charts
+
+    both = matched(load_matrix(run_a), load_matrix(run_b), match, server_a, server_b)
+    text = "# Comparison\n\n" + table(both, str(run_a), str(run_b)) + "\n"
+    if out_dir:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        charts.save(chart(both, "A", "B"), out / "compare.html", out / "compare.png")
+        atomic.write_bytes(out / "compare.md", (text + "\n![Output tok/s](compare.png)\n").encode())
+    return text

@@ -1,0 +1,113 @@
+"""The seeds' -tiny variants run end to end on the real CPU vLLM, and each report shows its seed's tables.
+
+One workflow run per variant (module-scoped); the assertions read its results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from conftest import REPO, run_snakemake, wait_no_vllm
+from speedmatrix import experiment
+
+pytestmark = pytest.mark.engine
+
+API_KEY = "sk-speedmatrix-test-4f1d2c9b8a7e"
+
+
+def run_tiny(tmp_path_factory, name, env=None):
+    work = tmp_path_factory.mktemp(name)
+    old = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        proc = run_snakemake(work, experiment=name)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    left = wait_no_vllm(30)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert not left, f"vLLM processes outlived the workflow: {left}"
+    res = work / "results" / name
+    return res, pd.read_parquet(res / "matrix.parquet"), (res / "report.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def seed000(tmp_path_factory, no_vllm_before):
+    return run_tiny(tmp_path_factory, "seed000-gemma4-31b-nvfp4-mtp-tp2-tiny")
+
+
+@pytest.fixture(scope="module")
+def seed002(tmp_path_factory, no_vllm_before):
+    return run_tiny(tmp_path_factory, "seed002-gemma4-26b-a4b-nvfp4-speed-matrix-tiny",
+                    {"SPEEDMATRIX_API_KEY": API_KEY})
+
+
+@pytest.fixture(scope="module")
+def seed003(tmp_path_factory, no_vllm_before):
+    return run_tiny(tmp_path_factory, "seed003-gemma4-capacity-c128-tiny")
+
+
+def test_seed000_tiny_sweep_tables(seed000):
+    res, matrix, report = seed000
+    exp = experiment.load("seed000-gemma4-31b-nvfp4-mtp-tp2-tiny")
+    assert set(matrix["server_id"]) == {s.id for s in exp.servers}
+    for title, head in [("## Speculative decoding sweep", "| Spec tokens | tok/s | Mean TTFT | Median TTFT | "
+                         "Acceptance rate | Accept length |"),
+                        ("## max-num-seqs sweep", "| max-num-seqs | tok/s |"),
+                        ("## --max-num-batched-tokens sweep", "| batch | 256-tok TTFT | 1K-tok TTFT | tok/s |")]:
+        assert title in report and head in report, (title, head)
+    spec_rows = [line for line in report.split("## Speculative decoding sweep")[1].split("##")[0].splitlines()
+                 if line.startswith("| 1 ") or line.startswith("| 2 ") or line.startswith("| 4 ")]
+    assert len(spec_rows) == 3
+    assert "### Prefix cache" in report and "Shared prefix 87.5% — warm" in report
+    assert matrix.loc[matrix.server_id == "spec-2", "sweep_point"].iloc[0] == "speculative.num_speculative_tokens=2"
+    assert (res / "charts" / "spec.png").stat().st_size > 0 and (res / "charts" / "prefix.png").stat().st_size > 0
+    assert "![Speculative decoding sweep](charts/spec.png)" in report
+    lock = json.loads((res / "models.lock").read_text())
+    assert set(lock["models"]) == {"tiny-gemma4", "tiny-gemma4-mtp"}
+
+
+def test_seed002_tiny_speed_matrix_tables_and_api_key(seed002):
+    res, matrix, report = seed002
+    assert "### Prefill" in report and "### Sustained decode" in report and "### All measurements" in report
+    assert "| Context | 1 | 2 | 4 | 8 | 16 | 32 | 64 | 128 |" in report
+    decode = matrix[matrix.workload == "decode"]
+    assert len(decode) == 48 and (decode.status == "over_capacity").any() and (decode.status == "valid").any()
+    assert (matrix.workload == "prefill").sum() == 6
+    # the key reached the server and the client (every cell measured) and no file
+    launch = json.loads((res / "servers" / "main" / "launch.json").read_text())
+    assert "{env:SPEEDMATRIX_API_KEY}" in launch["argv"]
+    startup = json.loads((res / "servers" / "main" / "startup.json").read_text())
+    assert startup["argv"][startup["argv"].index("--api-key") + 1] == "<redacted>"
+    for path in res.rglob("*"):
+        if path.is_file():
+            assert API_KEY.encode() not in path.read_bytes(), path
+
+
+def test_seed003_tiny_matched_comparison_gates_and_compare(seed003, tmp_path):
+    res, matrix, report = seed003
+    assert "## Quality gates" in report and "| Server config | Smoke | Structured JSON | Tool calls |" in report
+    gates = [json.loads(p.read_text()) for p in res.glob("gates/*/*.json")]
+    assert len(gates) == 2 * 3 and all(isinstance(g["passed"], bool) for g in gates)
+    for g in gates:  # each verdict is in the report: PASS, or FAIL with its reason
+        assert ("PASS" if g["passed"] else f"FAIL: {str(g['reason'])[:40]}") in report
+    assert "## Matched comparison" in report and "| Model | Runner | c1 / 128 |" in report
+    assert "Change against tiny-gemma4/v1" in report
+    assert set(matrix.api) == {"chat"} and (matrix.status == "valid").all()
+    reqs = pd.read_parquet(res / "requests.parquet")
+    # chat: the template's tokens come on top of the prompt text
+    assert (reqs.server_prompt_tokens > reqs.prompt_tokens).all()
+
+    proc = subprocess.run([sys.executable, "-m", "speedmatrix.cli", "compare", str(res), str(res), "--match", "cell",
+                           "--server-a", "capacity-tiny-gemma4-v1", "--server-b", "capacity-tiny-gemma4-wide-v1",
+                           "--out", str(tmp_path / "cmp")], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| capacity-tiny-gemma4-v1 → ")]
+    assert len(rows) == 9 and all("%" in r for r in rows)
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 0

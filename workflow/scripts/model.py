@@ -1,0 +1,15 @@
+"""Rule model: synthesize a tiny dummy-weight model, or download a Hub model at its pinned revision."""
+
+from pathlib import Path
+
+from speedmatrix import logs, models
+
+with logs.to_file(snakemake.log[0]):
+    out_dir = Path(snakemake.output[0]).parent
+    spec = snakemake.params.spec
+    manifest = models.prepare(snakemake.wildcards.model, spec, out_dir)
+    if manifest["source"] == "huggingface":
+        print(f"{spec['repo']} at {spec['revision']} -> commit {manifest['revision']} in {manifest['local_dir']} "
+              f"({len(manifest['files'])} files)")
+    else:
+        print(f"synthesized {spec['synthesize']} in {out_dir}: {sorted(manifest['files'])}")
