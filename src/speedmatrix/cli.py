@@ -30,7 +30,12 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     client_cfg = {"stall_timeout_s": ns.stall_timeout, "ignore_eos": ns.ignore_eos, "seed": ns.seed,
                   "busy_wait_s": ns.busy_wait,
                   "usage_per_chunk": {"auto": "auto", "on": True, "off": False}[ns.usage_per_chunk],
-                  "prompt_format": ns.prompt_format, "stop_looping": ns.stop_looping}
+                  "prompt_format": ns.prompt_format, "stop_looping": ns.stop_looping, "api": ns.api}
+    if ns.no_thinking:
+        client_cfg["chat_template_kwargs"] = {"enable_thinking": False}
+    if ns.api == "chat" and ns.prompt_format != "text":
+        print("speedmatrix bench: --api chat takes text prompts (drop --prompt-format token_ids)", file=sys.stderr)
+        return 2
     result, records = asyncio.run(cells.measure(cell, ns.url.rstrip("/"), ns.model, client_cfg,
                                                 progress=lambda m: print(m, file=sys.stderr),
                                                 eos_text=ns.eos_text))
@@ -147,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "to record where the model had ended before it was forced on")
     b.add_argument("--stop-looping", action="store_true", help="end a request as soon as its output loops "
                    "(speedmatrix.loops thresholds; recorded per request)")
+    b.add_argument("--api", choices=["completions", "chat"], default="completions",
+                   help="/v1/completions (the prompt verbatim) or /v1/chat/completions (the prompt as one user "
+                   "message through the model's chat template)")
+    b.add_argument("--no-thinking", action="store_true",
+                   help="chat API: send chat_template_kwargs {enable_thinking: false} (seed 003's thinking off)")
     b.add_argument("--prompt-format", choices=["text", "token_ids"], default="text",
                    help="send prompts as text (checked by the server's /tokenize to be exactly --context tokens; "
                    "the server's tokenization is measured, as users see it) or as token ids")
