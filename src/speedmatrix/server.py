@@ -249,7 +249,6 @@ def run_broker(a: BrokerArgs) -> int:
     except ValueError as exc:
         atomic.write_json(state / "startup-error.json", {"start_id": start_id, "owner": a.owner, "error": str(exc)})
         return 2
-    _run_stop_argv(a.stop_argv)  # a container of an earlier run with the same name
     with open(log_path, "ab") as log:
         log.write(f"\n==== speedmatrix: start {start_id} at {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
                   f"{json.dumps(runtimes.redact_argv(a.argv))}\n".encode())
@@ -308,14 +307,20 @@ def run_broker(a: BrokerArgs) -> int:
         return rc
     finally:
         end_group(pgid)
-        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+        with contextlib.suppress(ProcessLookupError, ChildProcessError, subprocess.TimeoutExpired):
             proc.wait(timeout=1)
-        _run_stop_argv(a.stop_argv)
+        if proc.returncode != DOCKER_OWN_ERROR:
+            # the container we started outlives its killed client: remove it. Exit 125 is docker's
+            # own error (a name already in use among them): then the container is not ours
+            _run_stop_argv(a.stop_argv)
         for name in ("broker.json", "broker.starting.json"):
             with contextlib.suppress(FileNotFoundError):
                 (state / name).unlink()
         with open(log_path, "ab") as log:
             log.write(f"==== speedmatrix: stopped {start_id}: {stop['reason'] or 'start-up failed'}\n".encode())
+
+
+DOCKER_OWN_ERROR = 125
 
 
 def _run_stop_argv(argv: list[str] | None) -> None:
