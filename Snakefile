@@ -23,6 +23,7 @@ include: "rules/serve.smk"
 include: "rules/bench.smk"
 include: "rules/loops.smk"
 include: "rules/gates.smk"
+include: "rules/reference.smk"
 include: "rules/aggregate.smk"
 include: "rules/report.smk"
 

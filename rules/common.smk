@@ -63,6 +63,11 @@ def gate_files():
     ]
 
 
+def reference_files():
+    wanted = set(EXP.raw.get("reference", {}).get("cells", []))
+    return [f"{RESULTS}/reference/{c.server_id}/{c.id}.json" for c in CELLS if c.id in wanted]
+
+
 def startup_files():
     return [f"{RESULTS}/servers/{sid}/launch.json" for sid in SERVER_IDS]
 

@@ -4,6 +4,7 @@ rule report:
         lock=f"{RESULTS}/runtime.lock.json",
         launches=startup_files(),
         gates=gate_files(),
+        references=reference_files(),
         models_lock=f"{RESULTS}/models.lock",
     output:
         md=f"{RESULTS}/report.md",
@@ -40,6 +41,12 @@ rule report:
         prefix_png=report(
             f"{RESULTS}/charts/prefix.png",
             caption="../docs/captions/prefix.rst",
+            category="Charts",
+        ),
+        gpu_html=f"{RESULTS}/charts/gpu.html",
+        gpu_png=report(
+            f"{RESULTS}/charts/gpu.png",
+            caption="../docs/captions/gpu.rst",
             category="Charts",
         ),
     log:

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
 
-from . import atomic
+from . import atomic, telemetry
+
+TELEMETRY_COLUMNS = [
+    "gpu_name", "gpu_count", "gpu_power_w", "gpu_energy_j", "gpu_energy_per_output_token_j", "gpu_sm_util_pct",
+    "gpu_mem_util_pct", "gpu_sm_clock_mhz", "gpu_mem_clock_mhz", "gpu_pcie_rx_mb_s", "gpu_pcie_tx_mb_s",
+    "gpu_temp_c_max",
+]
 
 MATRIX_COLUMNS = [
     "experiment", "server_id", "cell_id", "model", "spec_tokens", "workload", "context_tokens", "concurrency",
@@ -28,7 +35,10 @@ MATRIX_COLUMNS = [
     "looped_requests", "total_tok_s_non_looping", "spec_acceptance_reliable", "loops_after_natural_end",
     "prompt_format",
     # seed experiments: the sweep a server config belongs to and its point ("path=label; ..."), the API used
-    "sweep", "sweep_point", "api",
+    "sweep", "sweep_point", "api", "repeat",
+    # GPU telemetry over the measurement window (NVML; null where absent) and the decode roofline
+    *TELEMETRY_COLUMNS, "gpu_per_gpu",
+    "model_weights_gib", "roofline_bound_ms", "roofline_peak_bw_tb_s", "roofline_pct",
 ]
 
 
@@ -44,6 +54,7 @@ def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
         "cell_id": spec["cell_id"],
         "model": srv["model"],
         "spec_tokens": srv["spec_tokens"],
+        "repeat": spec.get("repeat", 1),
         "sweep": srv.get("sweep"),
         "sweep_point": "; ".join(f"{k}={v['label']}" for k, v in (srv.get("sweep_values") or {}).items()) or None,
         "api": res.get("api", "completions"),
@@ -106,7 +117,20 @@ def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
         "spec_acceptance_reliable": loops.get("spec_acceptance_reliable"),
         "loops_after_natural_end": loops.get("loops_after_natural_end"),
         "prompt_format": res.get("prompt_format"),
+        **{k: res.get(k) for k in TELEMETRY_COLUMNS},
+        "gpu_per_gpu": json.dumps(res["gpu_per_gpu"]) if res.get("gpu_per_gpu") else None,
+        "model_weights_gib": prov.get("model_weights_gib"),
+        **_roofline(spec, res, prov),
     }
+
+
+def _roofline(spec: dict[str, Any], res: dict[str, Any], prov: dict[str, Any]) -> dict[str, Any]:
+    """Decode at concurrency 1 only: the memory-bandwidth bound per token against the measured one."""
+    empty = {"roofline_bound_ms": None, "roofline_peak_bw_tb_s": None, "roofline_pct": None}
+    if spec["workload"] != "decode" or spec["concurrency"] != 1:
+        return empty
+    r = telemetry.roofline(prov.get("model_weights_gib"), res.get("gpu_name"), res.get("median_tbt_ms"))
+    return {k: (r or {}).get(k) for k in empty}
 
 
 def build(cells: Iterable[str | Path], loops: Iterable[str | Path], requests: Iterable[str | Path],

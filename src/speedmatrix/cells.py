@@ -23,7 +23,7 @@ from typing import Any, Callable
 import aiohttp
 import pandas as pd
 
-from . import __version__, atomic, client, loops, metrics, prompts, stats
+from . import __version__, atomic, client, loops, metrics, prompts, stats, telemetry
 from .experiment import Cell
 
 MAX_FAILED_FRACTION = 0.5
@@ -251,8 +251,12 @@ async def measure(
     progress: Callable[[str], None] = print,
     loop_cfg: dict[str, Any] | None = None,
     eos_text: str | None = None,
+    gpu_env: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], list[client.RequestRecord]]:
     """Measure one cell against a running server: (result, per-request records).
+
+    Where NVML answers, the server's GPUs (``gpu_env``'s CUDA_VISIBLE_DEVICES,
+    else all) are sampled while the cell's requests run (speedmatrix.telemetry).
 
     Server counters are scraped before and after (and between the passes of a
     prefix-cache cell); against a server without vLLM's metrics every counter
@@ -296,8 +300,15 @@ async def measure(
             return await aligner.many(id_lists, source.corpus_ids[:256]) if aligner else id_lists
 
         sampler = GaugeSampler(url, float(client_cfg.get("metrics_interval_s", 0)))
-        figures, records, passes, t_wall = await _run_workload(cell, url, model, opts, source, build, sampler,
-                                                               before_raw, client_cfg, progress)
+        gpu = telemetry.Sampler(env=gpu_env)  # no NVML (the CPU default): samples nothing, returns None
+        gpu.start()
+        try:
+            figures, records, passes, t_wall = await _run_workload(cell, url, model, opts, source, build, sampler,
+                                                                   before_raw, client_cfg, progress)
+        except BaseException:
+            gpu.stop()
+            raise
+        gpu_summary = gpu.stop(figures.get("total_output_tokens"))
     gauges = await sampler.stop()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         # every request of the cell has ended on the client; the server must drain too (a request cut
@@ -343,6 +354,10 @@ async def measure(
         "client_output_tokens": received,
         "token_count_gap": gap,
     }
+    if gpu_summary:
+        per_gpu = gpu_summary.pop("per_gpu")
+        result.update(gpu_summary)
+        result["gpu_per_gpu"] = per_gpu
     if passes:
         result["passes"] = passes
     return result, records
@@ -435,6 +450,8 @@ def provenance(startup: dict[str, Any], runtime_lock: dict[str, Any], launch: di
         "runtime_ref": runtime_lock.get("runtime_ref"),
         "packages_sha256": runtime_lock.get("packages_sha256"),
         "launch_argv": startup.get("argv"),
+        # GiB of weights on each GPU, from the server's log (the decode roofline's numerator)
+        "model_weights_gib": startup.get("model_weights_gib"),
         "models": launch.get("models"),
         "scheduler": scheduler_env(),
     }
@@ -487,7 +504,7 @@ def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str
         progress(f"server {server_id} start {startup['start_id']} at {info['url']} "
                  f"(KV cache {startup.get('kv_cache_size_tokens')} tokens)")
         result, records = asyncio.run(measure(cell, info["url"], launch["served_model_name"], exp.client, progress,
-                                              exp.loops, launch.get("eos_text")))
+                                              exp.loops, launch.get("eos_text"), launch.get("server_env")))
         if result.get("failed"):
             # requests failed: keep the cell only if its server is still the same healthy server
             # (a killed server closes its sockets while it is still exiting, so look twice)

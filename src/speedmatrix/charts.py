@@ -116,12 +116,38 @@ def prefix_cache(matrix: pd.DataFrame) -> alt.Chart:
     ).properties(title="Prefix cache: cold against warm")
 
 
+def gpu_telemetry(matrix: pd.DataFrame) -> alt.Chart:
+    """GPU power and energy per output token against concurrency, one line per context (decode and capacity)."""
+    if "gpu_power_w" not in matrix:
+        return _empty("no GPU telemetry (NVML absent: CPU run)")
+    d = matrix[matrix["workload"].isin(["decode", "capacity"]) & matrix["gpu_power_w"].notna()
+               & (matrix["status"] == "valid")]
+    if d.empty:
+        return _empty("no GPU telemetry (NVML absent: CPU run)")
+    d = d.assign(context=d["context_tokens"].astype(str) + " tok")
+    base = alt.Chart(d).encode(
+        x=alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="simultaneous requests"),
+        color=alt.Color("context:N", title="context", sort=alt.SortField("context_tokens")),
+    )
+    power = base.mark_line(point=True).encode(
+        y=alt.Y("mean(gpu_power_w):Q", title="GPU power (W)"),
+        tooltip=["server_id", "context_tokens", "concurrency", "gpu_power_w", "gpu_sm_util_pct"])
+    energy = base.mark_line(point=True).encode(
+        y=alt.Y("mean(gpu_energy_per_output_token_j):Q", title="energy per output token (J)",
+                scale=alt.Scale(type="log")),
+        tooltip=["server_id", "context_tokens", "concurrency", "gpu_energy_per_output_token_j"])
+    return alt.hconcat(power.properties(width=300, height=220, title="power"),
+                       energy.properties(width=300, height=220, title="energy per output token")
+                       ).properties(title="GPU telemetry (NVML, measurement windows only)")
+
+
 CHARTS = {
     "heatmap": ("Sustained decode heatmap", None),
     "throughput": ("Throughput against concurrency", throughput_concurrency),
     "ttft": ("TTFT against context", ttft_context),
     "spec": ("Speculative decoding sweep", spec_sweep),
     "prefix": ("Prefix cache cold against warm", prefix_cache),
+    "gpu": ("GPU power and energy per token", gpu_telemetry),
 }
 
 
@@ -137,6 +163,8 @@ def has_data(name: str, matrix: pd.DataFrame) -> bool:
         return bool((valid.groupby("cell_id")["spec_tokens"].nunique() > 1).any())
     if name == "prefix":
         return bool((matrix["workload"] == "prefix_cache").any())
+    if name == "gpu":
+        return "gpu_power_w" in matrix and bool(matrix["gpu_power_w"].notna().any())
     return False
 
 

@@ -119,7 +119,7 @@ class ServerConfig:
 
 WORKLOADS = ("prefill", "latency", "capacity", "prefix_cache", "decode")
 # a cell id: <workload>-ctx<N>[-c<M>][-share<P>][-<corpus>]; rules/common.smk constrains the wildcard to it
-CELL_KEY_PATTERN = r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code)?"
+CELL_KEY_PATTERN = r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code)?(-rep[0-9]+)?"
 CELL_ID_PATTERN = r"(prefill|latency|capacity|prefix_cache|decode)-" + CELL_KEY_PATTERN
 
 
@@ -139,6 +139,7 @@ class Cell:
     requests: int = 1  # prefill, capacity, latency, prefix_cache: how many requests the cell sends
     shared_prefix: float | None = None  # prefix_cache: fraction of the context shared by every request
     corpus: str = "prose"  # the repository text prompts are cut from (corpus.KINDS)
+    repeat: int = 1  # the k-th measurement of the same cell (decode repeats: the run-to-run spread)
 
     @property
     def id(self) -> str:
@@ -149,6 +150,8 @@ class Cell:
             out += f"-share{_share_label(self.shared_prefix)}"
         if self.corpus != "prose":
             out += f"-{self.corpus}"
+        if self.repeat > 1:
+            out += f"-rep{self.repeat}"
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -163,6 +166,7 @@ class Cell:
             "requests": self.requests,
             "shared_prefix": self.shared_prefix,
             "corpus": self.corpus,
+            "repeat": self.repeat,
         }
 
 
@@ -194,8 +198,8 @@ def expand_block(server_id: str, kind: str, b: dict[str, Any]) -> list[Cell]:
                      corpus=corpus)
                 for share in b["shared_prefix"] for ctx in b["contexts"] for c in b["concurrency"]]
     if kind == "decode":
-        return [Cell(server_id, kind, ctx, c, b["max_tokens"], float(b["duration_s"]), corpus=corpus)
-                for ctx in b["contexts"] for c in b["concurrency"]]
+        return [Cell(server_id, kind, ctx, c, b["max_tokens"], float(b["duration_s"]), corpus=corpus, repeat=k)
+                for ctx in b["contexts"] for c in b["concurrency"] for k in range(1, b.get("repeats", 1) + 1)]
     raise ValueError(f"unknown workload {kind!r}")
 
 
@@ -349,6 +353,15 @@ def _check_references(exp: dict[str, Any], source: str) -> None:
         if dup_cells and not any("repeated values" in p for p in problems):
             problems.append(f"{source}: key 'workloads': two blocks give the same cells ({', '.join(dup_cells[:5])}); "
                             "give one of them another corpus or other contexts")
+    known = {c.id for _sid, merged, _w, _s in entries
+             for kind, block in workload_blocks(merged.get("workloads", exp.get("workloads")) or {})
+             for c in expand_block("x", kind, block)}
+    for cid in exp.get("reference", {}).get("cells", []):
+        if cid not in known:
+            problems.append(f"{source}: key 'reference.cells': no cell {cid!r} in this experiment")
+        elif not cid.startswith("capacity-"):
+            problems.append(f"{source}: key 'reference.cells': {cid!r} is not a capacity cell (vllm bench serve "
+                            "sends N requests at a concurrency, output capped)")
     client_cfg = exp.get("client", {})
     if client_cfg.get("api") == "chat" and client_cfg.get("prompt_format") == "token_ids":
         problems.append(f"{source}: key 'client.prompt_format': the chat API takes text prompts "

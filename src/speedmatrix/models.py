@@ -83,11 +83,63 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
+# Gemma-4-31B's shape with random weights (served with --load-format dummy): a real model's serving
+# speed for users without the gated weights. Speculative acceptance and output quality on random
+# weights mean nothing; the report says so. The tokenizer covers the full vocabulary: merges trained
+# on the repository's text, then placeholder tokens up to 262,144 ids, so any id the random model
+# emits decodes. `allow_global_per_layer_attribute_access` lets transformers 5.17 load the per-layer
+# head sizes (../shared/gpukit/README.md: it then gives every layer head_dim 256).
+PRESETS["gemma4-31b-shape"] = {
+    "kind": "target",
+    "vocab_size": 262144,
+    "train_vocab_size": 32000,
+    "config": {
+        "architectures": ["Gemma4ForCausalLM"],
+        "model_type": "gemma4_text",
+        "hidden_size": 5376,
+        "intermediate_size": 21504,
+        "num_hidden_layers": 60,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 16,
+        "head_dim": 256,
+        "global_head_dim": 512,
+        "num_global_key_value_heads": 4,
+        "attention_k_eq_v": True,
+        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 10,
+        "sliding_window": 1024,
+        "max_position_embeddings": 262144,
+        "vocab_size_per_layer_input": 0,
+        "hidden_size_per_layer_input": 0,
+        "final_logit_softcapping": 30.0,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "allow_global_per_layer_attribute_access": True,
+    },
+}
+
 # a second target of another width, for side-by-side model comparisons on the CPU (seed 003's shape)
 PRESETS["tiny-gemma4-wide"] = copy.deepcopy(PRESETS["tiny-gemma4"])
 PRESETS["tiny-gemma4-wide"]["config"].update(hidden_size=128, intermediate_size=512)
 
 MANIFEST = "speedmatrix-model.json"
+
+
+def pad_vocabulary(tok, vocab_size: int):
+    """Fill a trained tokenizer's vocabulary with ``<unused_N>`` tokens up to ``vocab_size`` ids.
+
+    They are ordinary vocabulary entries (no merge produces them, so encoding never does), which
+    decode to their own name: a random-weight model of a real vocabulary's size can emit any id."""
+    from tokenizers import Tokenizer
+
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    taken = set(vocab.values()) | {t["id"] for t in data.get("added_tokens", [])}
+    n = 0
+    for i in range(vocab_size):
+        if i not in taken:
+            vocab[f"<unused_{n}>"] = i
+            n += 1
+    return Tokenizer.from_str(json.dumps(data))
 
 
 def train_tokenizer(vocab_size: int):
@@ -132,7 +184,9 @@ def synthesize(preset: str, out_dir: str | Path, overrides: dict[str, Any] | Non
     recipe = PRESETS[preset]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer(recipe["vocab_size"])
+    tok = train_tokenizer(recipe.get("train_vocab_size", recipe["vocab_size"]))
+    if tok.get_vocab_size() < recipe["vocab_size"] and "train_vocab_size" in recipe:
+        tok = pad_vocabulary(tok, recipe["vocab_size"])
     vocab = tok.get_vocab_size()
     cfg = _with_token_ids(recipe["config"], vocab)
     if overrides:

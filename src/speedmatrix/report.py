@@ -44,8 +44,9 @@ def fmt_int(v: Any) -> str:
 
 
 def decode_table(m: pd.DataFrame) -> str:
-    """Seed 002's "Sustained decode" table: rows = context, columns = concurrency."""
-    d = m[m["workload"] == "decode"]
+    """Seed 002's "Sustained decode" table: rows = context, columns = concurrency (first repeat)."""
+    d = m[(m["workload"] == "decode") & (m["repeat"].fillna(1) == 1)]
+    d = d.assign(_p=(d["corpus"] != "prose")).sort_values("_p", kind="stable")  # prose first where both
     concs = sorted(d["concurrency"].unique())
     lines = ["| Context | " + " | ".join(str(c) for c in concs) + " |", "|---" * (len(concs) + 1) + "|"]
     for ctx in sorted(d["context_tokens"].unique()):
@@ -252,6 +253,76 @@ def sweep_table(m: pd.DataFrame, servers: list[Any]) -> str:
     return "\n".join(lines)
 
 
+def spread_table(m: pd.DataFrame) -> str:
+    """Cells measured several times (decode ``repeats``): each measurement and the spread."""
+    d = m[(m["workload"] == "decode") & (m["status"] == "valid")]
+    groups = [g for _, g in d.groupby(["server_id", "context_tokens", "concurrency", "corpus"]) if len(g) > 1]
+    if not groups:
+        return ""
+    lines = ["| Server config | Context | Requests at once | Corpus | Runs | Total tok/s (each run) | Mean | "
+             "Spread (max-min)/mean | Median TTFT (each run) |", "|---|---|---|---|---|---|---|---|---|"]
+    for g in groups:
+        g = g.sort_values("repeat")
+        tok = g["total_tok_s"].astype(float)
+        spread = (tok.max() - tok.min()) / tok.mean() if tok.mean() else float("nan")
+        lines.append(f"| {g.server_id.iloc[0]} | {fmt_ctx(int(g.context_tokens.iloc[0]))} | "
+                     f"{int(g.concurrency.iloc[0])} | {g.corpus.iloc[0]} | {len(g)} | "
+                     f"{', '.join(fmt_num(v) for v in tok)} | "
+                     f"{fmt_num(tok.mean())} | {spread:.1%} | {', '.join(fmt_ms(v) for v in g.ttft_ms)} |")
+    return "\n".join(lines)
+
+
+def gpu_table(m: pd.DataFrame) -> str:
+    """NVML telemetry over each cell's measurement window."""
+    d = m[m["gpu_name"].notna()] if "gpu_name" in m else m.iloc[0:0]
+    if d.empty:
+        return ""
+    lines = ["| Phase | Context | Requests at once | Power (W) | Energy / output token (J) | SM util | Mem util | "
+             "SM clock (MHz) | Mem clock (MHz) | PCIe rx / tx (MB/s) | Max temp (°C) |",
+             "|---" * 11 + "|"]
+    order = {"prefill": 0, "latency": 1, "decode": 2, "capacity": 3, "prefix_cache": 4}
+    d = d.assign(_o=d["workload"].map(order)).sort_values(["_o", "context_tokens", "concurrency", "repeat"])
+    for r in d.itertuples():
+        def f(v, fmt="{:,.0f}"):
+            return "—" if _missing(v) else fmt.format(float(v))
+        lines.append(f"| {r.workload} | {fmt_ctx(int(r.context_tokens))} | {int(r.concurrency)} | "
+                     f"{f(r.gpu_power_w)} | {f(r.gpu_energy_per_output_token_j, '{:.3f}')} | "
+                     f"{f(r.gpu_sm_util_pct)} % | {f(r.gpu_mem_util_pct)} % | {f(r.gpu_sm_clock_mhz)} | "
+                     f"{f(r.gpu_mem_clock_mhz)} | {f(r.gpu_pcie_rx_mb_s)} / {f(r.gpu_pcie_tx_mb_s)} | "
+                     f"{f(r.gpu_temp_c_max)} |")
+    return "\n".join(lines)
+
+
+def roofline_table(m: pd.DataFrame) -> str:
+    """Decode at concurrency 1: the memory-bandwidth bound per token against the measured time."""
+    d = m[m["roofline_pct"].notna()] if "roofline_pct" in m else m.iloc[0:0]
+    if d.empty:
+        return ""
+    lines = ["| Context | Run | Measured time between tokens | Bound (weights / peak bandwidth) | "
+             "Weights on a GPU | Peak bandwidth | Of the roofline |", "|---|---|---|---|---|---|---|"]
+    for r in d.sort_values(["context_tokens", "repeat"]).itertuples():
+        lines.append(f"| {fmt_ctx(int(r.context_tokens))} | {int(r.repeat)} | {fmt_ms(r.itl_ms)} | "
+                     f"{float(r.roofline_bound_ms):.2f} ms | {float(r.model_weights_gib):.1f} GiB | "
+                     f"{float(r.roofline_peak_bw_tb_s):g} TB/s | {float(r.roofline_pct):.1f} % |")
+    return "\n".join(lines)
+
+
+def reference_table(refs: list[dict[str, Any]]) -> str:
+    lines = ["| Server config | Cell | Rounds | Output tok/s: speedmatrix / vllm bench serve | Δ | "
+             "Median TTFT | Δ | Median time between tokens | Δ |", "|---|---|---|---|---|---|---|---|---|"]
+    for d in refs:
+        a, b, diff = d["medians"]["speedmatrix"], d["medians"]["vllm_bench_serve"], d["difference_pct"]
+
+        def pct(v):
+            return "—" if v is None else f"{v:+.1f} %"
+        lines.append(f"| {d['server_id']} | {d['cell']['cell_id']} | {d['rounds']} | "
+                     f"{fmt_num(a['output_throughput'])} / {fmt_num(b['output_throughput'])} | "
+                     f"{pct(diff['output_throughput'])} | {fmt_ms(a['median_ttft_ms'])} / "
+                     f"{fmt_ms(b['median_ttft_ms'])} | {pct(diff['median_ttft_ms'])} | "
+                     f"{fmt_ms(a['median_itl_ms'])} / {fmt_ms(b['median_itl_ms'])} | {pct(diff['median_itl_ms'])} |")
+    return "\n".join(lines)
+
+
 def gates_table(gates: list[dict[str, Any]]) -> str:
     """Seed 003's quality gates: one row per server config, PASS or FAIL with the reason."""
     names = [g for g in ("smoke", "structured_json", "tool_calls") if any(d["gate"] == g for d in gates)]
@@ -315,7 +386,7 @@ def runtime_lines(lock: dict[str, Any], models_lock: dict[str, Any] | None) -> l
 def render(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str, Any], charts: dict[str, str],
            experiment: str, description: str = "", loop_settings: dict[str, Any] | None = None,
            sweeps: list[tuple[dict[str, Any], list[Any]]] | None = None, gates: list[dict[str, Any]] | None = None,
-           models_lock: dict[str, Any] | None = None) -> str:
+           models_lock: dict[str, Any] | None = None, references: list[dict[str, Any]] | None = None) -> str:
     out = [f"# {experiment}", ""]
     if description:
         out += [description.strip(), ""]
@@ -345,6 +416,30 @@ def render(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
                 f"Sweep `{sweep['id']}`: " + "; ".join(f"`{k}` over {', '.join(map(str, (v if isinstance(v, list) else list(v))))}"
                                                        for k, v in sweep["vary"].items()) + ".", "",
                 sweep_table(matrix, servers)]
+    synthesized = [n for n, m in ((models_lock or {}).get("models") or {}).items() if m.get("source") == "synthesize"]
+    if synthesized:
+        out += ["", f"Models with random weights ({', '.join(synthesized)}): the serving speed of their shape is "
+                "real; their output, quality gates and speculative acceptance mean nothing."]
+    spread = spread_table(matrix)
+    if spread:
+        out += ["", "## Run-to-run spread", "", "The same cell measured again (decode `repeats`), each run a new "
+                "set of requests on the same server.", "", spread]
+    if references:
+        out += ["", "## Agreement with vllm bench serve", "",
+                "The same shape measured on the same server by speedmatrix and by vLLM's own client "
+                "(`vllm bench serve`, random dataset, --ignore-eos, greedy), alternately; medians of the rounds, "
+                "Δ = speedmatrix against vLLM's.", "", reference_table(references)]
+    roof = roofline_table(matrix)
+    if roof:
+        out += ["", "## Roofline (decode, one request)", "",
+                "Each decode step at concurrency 1 reads every weight once: a token takes at least the weights "
+                "on a GPU (vLLM's \"Model loading took\") over the GPU's peak memory bandwidth "
+                "(src/speedmatrix/data/gpu_peaks.yaml). The last column is that bound as a share of the "
+                "measured median time between tokens.", "", roof]
+    gpu = gpu_table(matrix)
+    if gpu:
+        out += ["", "## GPU telemetry", "", "NVML, sampled every 0.2 s during each cell's requests only; power "
+                "and PCIe summed over the server's GPUs, utilisation and clocks averaged.", "", gpu]
     out += ["", "## Loops", "", loop_policy_text(matrix, loop_settings or {})]
     for sid in sorted(matrix["server_id"].unique()):
         m = matrix[matrix["server_id"] == sid]
@@ -418,7 +513,8 @@ def write(path_md: str | Path, path_html: str | Path, text: str, title: str) -> 
 
 
 def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_path: str, launch_paths: list[str],
-          out: dict[str, str], gate_paths: list[str] = (), models_lock_path: str | None = None) -> None:
+          out: dict[str, str], gate_paths: list[str] = (), models_lock_path: str | None = None,
+          reference_paths: list[str] = ()) -> None:
     """The report rule: the charts (HTML + PNG), report.md and report.html."""
     import json
 
@@ -440,7 +536,8 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
     sweeps = [(sw, [s for s in exp.servers if s.sweep == sw["id"]]) for sw in exp.sweeps]
     gates = [atomic.read_json(p) for p in gate_paths]
     models_lock = atomic.read_json(models_lock_path) if models_lock_path else None
+    references = [atomic.read_json(p) for p in reference_paths]
     text = render(matrix, startups, lock, chart_links, exp.name, exp.raw.get("description", ""), exp.loops,
-                  sweeps, gates, models_lock)
+                  sweeps, gates, models_lock, references)
     write(out["md"], out["html"], text, exp.name)
     print(f"report: {out['md']}")

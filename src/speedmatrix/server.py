@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -228,6 +229,18 @@ def startup_record(url: str) -> dict[str, Any]:
     }
 
 
+WEIGHTS_RE = re.compile(rb"Model loading took ([0-9.]+) GiB")
+
+
+def model_weights_gib(log: Path) -> float | None:
+    """GiB of weights a GPU worker loaded, as vLLM logs it ("Model loading took N GiB"), or None."""
+    try:
+        found = WEIGHTS_RE.findall(log.read_bytes())
+    except OSError:
+        return None
+    return float(found[-1]) if found else None
+
+
 def run_broker(a: BrokerArgs) -> int:
     state = a.state_dir
     state.mkdir(parents=True, exist_ok=True)
@@ -279,6 +292,7 @@ def run_broker(a: BrokerArgs) -> int:
             "argv": runtimes.redact_argv(a.argv),
             "env": runtimes.redact_env(a.env),
             "hostname": socket.gethostname(),
+            "model_weights_gib": model_weights_gib(log_path),
             **startup_record(a.url),
         }
         atomic.write_json(state / "startup.json", record)

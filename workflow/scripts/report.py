@@ -12,4 +12,5 @@ with logs.to_file(snakemake.log[0]):
         out=dict(snakemake.output.items()),
         gate_paths=snakemake.input.gates,
         models_lock_path=snakemake.input.models_lock,
+        reference_paths=snakemake.input.references,
     )

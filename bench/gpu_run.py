@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Repeat the H200 run of an experiment end to end (issue 7): build the kit, carry it, run, fetch.
+
+The lent GPU machine has Python 3.12 and CUDA torch but no vLLM, no Snakemake
+and no package index. ../shared/gpukit/build.sh packs vLLM 0.25.1; this script
+packs what the pipeline needs beside it, prints the device calls, runs the
+workflow there, and files what comes back under docs/results/<experiment>/.
+
+    python3 bench/gpu_run.py build            # here: .gk/p0.. (vLLM) and .gk/x0.. (Snakemake, Altair, ...)
+    python3 bench/gpu_run.py plan             # here: the device calls, one per line (carry + command)
+    python3 bench/gpu_run.py start EXPERIMENT # there: unpack the kit, start the workflow detached
+    python3 bench/gpu_run.py wait EXPERIMENT  # there: wait (< 9 min) for it; when done, pack results into $OUT
+    python3 bench/gpu_run.py collect TARBALL EXPERIMENT   # here: file the results under docs/results/
+
+The workflow runs detached (its own session) so that it outlives one device
+call (10 minutes at most); the machine stays held while calls follow each
+other within its 30 s idle window. The server stops when the workflow ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+KIT = REPO / ".gk"
+EXTRAS = ["snakemake==9.27.1", "altair==6.3.0", "vl-convert-python==1.9.0.post1", "msgspec==0.22.0",
+          "jsonschema==4.26.0"]
+# sdist-only dependencies (no wheel on PyPI): built here as pure-Python wheels
+SDIST_ONLY = ["connection_pool==0.0.3"]
+PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:",
+            *(x for p in ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64",
+                          "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any")
+              for x in ("--platform", p))]
+WORK = "/tmp/smx"  # on the device
+
+
+def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    print("+", " ".join(cmd), file=sys.stderr)
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def build(_: argparse.Namespace) -> int:
+    KIT.mkdir(exist_ok=True)
+    exclude = REPO / ".git" / "info" / "exclude"
+    if "/.gk/" not in exclude.read_text():
+        exclude.write_text(exclude.read_text() + "/.gk/\n")
+    if not list(KIT.glob("p[0-9]")):
+        sh(["bash", str(REPO.parent / "shared" / "gpukit" / "build.sh"), str(KIT)])
+    tmp = Path(subprocess.run(["mktemp", "-d"], capture_output=True, text=True, check=True).stdout.strip())
+    wh, site = tmp / "wh", tmp / "site"
+    wh.mkdir()
+    site.mkdir()
+    sh([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wh), *SDIST_ONLY])
+    sh([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed", "--report",
+        str(tmp / "r.json"), *PLATFORM, "--find-links", str(wh), "--target", str(tmp / "x"), *EXTRAS])
+    have = set((REPO.parent / "shared" / "gpukit" / "device-has.txt").read_text().split())
+    in_kit = set()
+    deps = REPO.parent / "shared" / "gpukit" / "vllm-0.25.1-server-deps.txt"
+    for line in deps.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            in_kit.add(line.split("==")[0].strip().lower().replace("_", "-"))
+    want = []
+    for item in json.loads((tmp / "r.json").read_text())["install"]:
+        name = item["metadata"]["name"].lower().replace("_", "-").replace(".", "-")
+        if name in have or name in in_kit or name.startswith(("nvidia-", "torch", "triton")):
+            continue
+        want.append(f"{item['metadata']['name']}=={item['metadata']['version']}")
+    print("extras carried:", " ".join(want), file=sys.stderr)
+    sh([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLATFORM, "--find-links", str(wh),
+        "-d", str(wh), *want])
+    for w in wh.glob("*.whl"):
+        shutil.unpack_archive(str(w), str(site), format="zip")
+    for old in KIT.glob("x[0-9]"):
+        old.unlink()
+    subprocess.run(f"tar -cf - -C {site} . | xz -6 -T0 | split -b 50m -d -a 1 - {KIT}/x", shell=True, check=True)
+    shutil.rmtree(tmp)
+    for p in sorted(KIT.iterdir()):
+        print(p.name, p.stat().st_size)
+    return 0
+
+
+def plan(_: argparse.Namespace) -> int:
+    parts = sorted(p.name for p in KIT.glob("[px][0-9]"))
+    if not parts:
+        print("no kit: run `python3 bench/gpu_run.py build` first", file=sys.stderr)
+        return 2
+    print("# one device call a part (carry the part, copy it out), back to back; the last starts the run:")
+    for name in parts:
+        print(json.dumps({"carry": [f".gk/{name}"], "command": f"cp .gk/{name} /tmp/kit.{name}"}))
+    print(json.dumps({"command": "python3 bench/gpu_run.py start h200-gemma4-31b-shape"}))
+    print(json.dumps({"command": "python3 bench/gpu_run.py wait h200-gemma4-31b-shape", "repeat": "until done"}))
+    return 0
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = f"/tmp/site:/tmp/site-x:{REPO / 'src'}"
+    env["HF_HUB_OFFLINE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def start(ns: argparse.Namespace) -> int:
+    for kind, dest in (("p", "/tmp/site"), ("x", "/tmp/site-x")):
+        if not Path(dest).exists():
+            Path(dest).mkdir(parents=True)
+            subprocess.run(f"cat /tmp/kit.{kind}? | xz -dc | tar -xf - -C {dest}", shell=True, check=True)
+    Path(WORK).mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "snakemake", "--profile", "profiles/default", "--config",
+           f"experiment={ns.experiment}", f"results_dir={WORK}/results", f"models_dir={WORK}/models"]
+    log = open(f"{WORK}/run.log", "ab")
+    subprocess.run([sys.executable, "-c", "import vllm, snakemake, altair, msgspec; print('vllm', vllm.__version__)"],
+                   env=_env(), check=True, cwd=REPO)
+    proc = subprocess.Popen(["bash", "-c", f"{' '.join(cmd)}; echo $? > {WORK}/rc"], stdout=log,
+                            stderr=subprocess.STDOUT, cwd=REPO, env=_env(), start_new_session=True)
+    print(f"workflow started (pid {proc.pid}), log {WORK}/run.log")
+    return 0
+
+
+def wait(ns: argparse.Namespace) -> int:
+    deadline = time.monotonic() + ns.max_s
+    rc_file = Path(f"{WORK}/rc")
+    while time.monotonic() < deadline and not rc_file.exists():
+        time.sleep(5)
+    log = Path(f"{WORK}/run.log").read_text(errors="replace")
+    print(log[-6000:])
+    if not rc_file.exists():
+        print(f"still running after {ns.max_s} s: call wait again")
+        return 0
+    out = Path(os.environ.get("OUT", "/tmp/out"))
+    out.mkdir(parents=True, exist_ok=True)
+    res = Path(f"{WORK}/results/{ns.experiment}")
+    with tarfile.open(out / "results.tar.gz", "w:gz") as tar:
+        tar.add(res, arcname=ns.experiment, filter=lambda t: None if "/store/" in t.name else t)
+    shutil.copy(f"{WORK}/run.log", out / "run.log")
+    subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv"],
+                   stdout=open(out / "nvidia-smi.csv", "w"))
+    print(f"workflow exit {rc_file.read_text().strip()}; packed {out / 'results.tar.gz'}")
+    return 0
+
+
+KEEP = ("matrix.parquet", "report.md", "runtime.lock.json", "models.lock")
+
+
+def collect(ns: argparse.Namespace) -> int:
+    dest = REPO / "docs" / "results" / ns.experiment
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(ns.tarball) as tar:
+        for m in tar.getmembers():
+            rel = m.name.split("/", 1)[1] if "/" in m.name else ""
+            keep = (rel in KEEP or (rel.startswith("charts/") and rel.endswith(".png"))
+                    or rel.startswith("reference/") or rel.endswith("startup.json") or rel.endswith("launch.json"))
+            if m.isfile() and keep:
+                target = dest / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(tar.extractfile(m).read())
+                print("kept", target.relative_to(REPO))
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("build").set_defaults(func=build)
+    sub.add_parser("plan").set_defaults(func=plan)
+    s = sub.add_parser("start")
+    s.add_argument("experiment")
+    s.set_defaults(func=start)
+    w = sub.add_parser("wait")
+    w.add_argument("experiment")
+    w.add_argument("--max-s", type=float, default=540)
+    w.set_defaults(func=wait)
+    c = sub.add_parser("collect")
+    c.add_argument("tarball")
+    c.add_argument("experiment")
+    c.set_defaults(func=collect)
+    ns = ap.parse_args()
+    return ns.func(ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
