@@ -252,6 +252,7 @@ async def measure(
     loop_cfg: dict[str, Any] | None = None,
     eos_text: str | None = None,
     gpu_env: dict[str, str] | None = None,
+    kv_tokens_fallback: int | None = None,
 ) -> tuple[dict[str, Any], list[client.RequestRecord]]:
     """Measure one cell against a running server: (result, per-request records).
 
@@ -271,7 +272,7 @@ async def measure(
     # this session stays open through the measurement: it builds text prompts a decode cell needs late
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         before_raw = await _scrape(session, url)
-        kv = metrics.cache_info(before_raw)["kv_cache_size_tokens"]
+        kv = metrics.cache_info(before_raw)["kv_cache_size_tokens"] or kv_tokens_fallback
         need = needed_kv_tokens(cell)
         base: dict[str, Any] = {
             "kv_cache_size_tokens": kv,
@@ -504,7 +505,8 @@ def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str
         progress(f"server {server_id} start {startup['start_id']} at {info['url']} "
                  f"(KV cache {startup.get('kv_cache_size_tokens')} tokens)")
         result, records = asyncio.run(measure(cell, info["url"], launch["served_model_name"], exp.client, progress,
-                                              exp.loops, launch.get("eos_text"), launch.get("server_env")))
+                                              exp.loops, launch.get("eos_text"), launch.get("server_env"),
+                                              startup.get("kv_cache_size_tokens")))
         if result.get("failed"):
             # requests failed: keep the cell only if its server is still the same healthy server
             # (a killed server closes its sockets while it is still exiting, so look twice)

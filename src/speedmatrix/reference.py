@@ -80,9 +80,7 @@ def run_rule(experiment_name: str, experiments_dir: str, server_id: str, cell_id
     lock = atomic.read_json(lock_path)
     cells.use_api_key(launch)
     client_cfg = {**exp.client, "ignore_eos": True}  # vllm bench serve --ignore-eos: the same output lengths
-    tokenizer = (launch["models"][launch["model"]].get("local_dir")
-                 or str(Path(launch_path).resolve().parents[4] / "resources" / "models" / launch["model"]))
-    tokenizer = settings.get("tokenizer", tokenizer)
+    tokenizer = settings.get("tokenizer", launch["model_dir"])
     results_root = Path(launch_path).resolve().parents[3]
     ours, theirs = [], []
     with server.acquire(results_root, exp.name, server_id, launch, idle_timeout_s) as info:
@@ -92,8 +90,9 @@ def run_rule(experiment_name: str, experiments_dir: str, server_id: str, cell_id
                 order = ("ours", "theirs") if k % 2 == 0 else ("theirs", "ours")
                 for who in order:
                     if who == "ours":
-                        result, _ = asyncio.run(cells.measure(cell, url, launch["served_model_name"], client_cfg,
-                                                              print, exp.loops, None, launch.get("server_env")))
+                        result, _ = asyncio.run(cells.measure(
+                            cell, url, launch["served_model_name"], client_cfg, print, exp.loops, None,
+                            launch.get("server_env"), info["startup"].get("kv_cache_size_tokens")))
                         ours.append(_ours(result))
                     else:
                         argv = vllm_bench_argv(url, launch["served_model_name"], tokenizer, cell.context_tokens,

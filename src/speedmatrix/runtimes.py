@@ -307,6 +307,8 @@ def launch_spec(exp: Experiment, server_id: str, models_dir: str | Path,
         "api_key_env": srv.api_key_env,
         "startup_timeout_s": srv.startup_timeout_s,
         "models": manifests,
+        # the served model's files (its tokenizer: vllm bench serve's --tokenizer in the reference rule)
+        "model_dir": str(Path(files_dir).resolve()),
         # with ignore_eos the client finds where the model had ended (docs: Loops)
         "eos_text": eos_text(files_dir),
     }

@@ -230,6 +230,7 @@ def startup_record(url: str) -> dict[str, Any]:
 
 
 WEIGHTS_RE = re.compile(rb"Model loading took ([0-9.]+) GiB")
+KV_LOG_RE = re.compile(rb"KV cache size: ([0-9,]+) tokens")
 
 
 def model_weights_gib(log: Path) -> float | None:
@@ -239,6 +240,16 @@ def model_weights_gib(log: Path) -> float | None:
     except OSError:
         return None
     return float(found[-1]) if found else None
+
+
+def kv_tokens_from_log(log: Path) -> int | None:
+    """The KV cache size vLLM logs at start ("GPU KV cache size: N tokens"), for servers whose
+    metrics do not carry it (``kv_cache_size_tokens`` of vllm:cache_config_info is recent)."""
+    try:
+        found = KV_LOG_RE.findall(log.read_bytes())
+    except OSError:
+        return None
+    return int(found[-1].replace(b",", b"")) if found else None
 
 
 def run_broker(a: BrokerArgs) -> int:
@@ -295,6 +306,9 @@ def run_broker(a: BrokerArgs) -> int:
             "model_weights_gib": model_weights_gib(log_path),
             **startup_record(a.url),
         }
+        if record.get("kv_cache_size_tokens") is None:
+            record["kv_cache_size_tokens"] = kv_tokens_from_log(log_path)
+            record["kv_cache_size_source"] = "server log"
         atomic.write_json(state / "startup.json", record)
         with open(state / "starts.jsonl", "a") as fh:
             fh.write(json.dumps({"start_id": start_id, "at": record["started_at"],
