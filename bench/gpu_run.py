@@ -11,6 +11,9 @@ workflow there, and files what comes back under docs/results/<experiment>/.
     python3 bench/gpu_run.py start EXPERIMENT # there: unpack the kit, start the workflow detached
     python3 bench/gpu_run.py wait EXPERIMENT  # there: wait (< 9 min) for it; when done, pack results into $OUT
     python3 bench/gpu_run.py collect TARBALL EXPERIMENT   # here: file the results under docs/results/
+    python3 bench/gpu_run.py rederive TARBALL EXPERIMENT --policy flag_only --suffix -flag-only
+        # here: the loop verdicts, matrix and report again from the returned cells under another loop
+        # policy (the code of the loops, aggregate and report rules; no measurement is repeated)
 
 The workflow runs detached (its own session) so that it outlives one device
 call (10 minutes at most); the machine stays held while calls follow each
@@ -166,6 +169,59 @@ def collect(ns: argparse.Namespace) -> int:
     return 0
 
 
+def rederive(ns: argparse.Namespace) -> int:
+    import pandas as pd
+
+    sys.path.insert(0, str(REPO / "src"))
+    from speedmatrix import aggregate, atomic, experiment, loopcheck, report
+
+    work = Path(subprocess.run(["mktemp", "-d"], capture_output=True, text=True, check=True).stdout.strip())
+    with tarfile.open(ns.tarball) as tar:
+        tar.extractall(work, filter="data")
+    res = work / ns.experiment
+    exp = experiment.load(ns.experiment, REPO / "config" / "experiments")
+    settings = {**exp.loops, "policy": ns.policy}
+    cells, loops, reqs = [], [], []
+    for cell_json in sorted(res.glob("cells/*/*.json")):
+        cell = atomic.read_json(cell_json)
+        req = cell_json.with_name(cell_json.stem + ".requests.parquet")
+        verdict = loopcheck.judge_cell(cell, pd.read_parquet(req), settings)
+        out = res / "loops" / cell_json.parent.name / cell_json.name
+        atomic.write_json(out, verdict)
+        cells.append(cell_json), loops.append(out), reqs.append(req)
+    dest = REPO / "docs" / "results" / ns.experiment
+    matrix = dest / f"matrix{ns.suffix}.parquet"
+    aggregate.build(cells, loops, reqs, matrix, work / "requests.parquet")
+    outs = {"md": str(dest / f"report{ns.suffix}.md"), "html": str(work / "report.html")}
+    for name in ("heatmap", "throughput", "ttft", "spec", "prefix", "gpu"):
+        outs[f"{name}_html"] = str(work / f"{name}.html")
+        outs[f"{name}_png"] = str(dest / "charts" / f"{name}{ns.suffix}.png")
+    # the report's configuration is the experiment's, with the loop policy overridden
+    exp.raw.setdefault("loops", {})["policy"] = ns.policy
+    report_build_with(exp, report, str(matrix), res, outs)
+    print(f"wrote {matrix.relative_to(REPO)} and {Path(outs['md']).relative_to(REPO)}")
+    return 0
+
+
+def report_build_with(exp, report, matrix_path, res, outs):
+    import pandas as pd
+
+    from speedmatrix import atomic, charts
+
+    m = pd.read_parquet(matrix_path)
+    startups = [atomic.read_json(p) for p in sorted(res.glob("servers/*/startup.json"))]
+    links = {}
+    for name, (title, make) in charts.CHARTS.items():
+        charts.save(make(m), outs[f"{name}_html"], outs[f"{name}_png"])
+        if charts.has_data(name, m):
+            links[title] = str(Path(outs[f"{name}_png"]).relative_to(Path(outs["md"]).parent))
+    refs = [atomic.read_json(p) for p in sorted(res.glob("reference/*/*.json"))]
+    text = report.render(m, startups, atomic.read_json(res / "runtime.lock.json"), links, exp.name,
+                         exp.raw.get("description", ""), exp.loops, [], [],
+                         atomic.read_json(res / "models.lock"), refs)
+    report.write(outs["md"], outs["html"], text, exp.name)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -182,6 +238,12 @@ def main() -> int:
     c.add_argument("tarball")
     c.add_argument("experiment")
     c.set_defaults(func=collect)
+    r = sub.add_parser("rederive")
+    r.add_argument("tarball")
+    r.add_argument("experiment")
+    r.add_argument("--policy", choices=["any", "fraction", "flag_only"], default="flag_only")
+    r.add_argument("--suffix", default="-flag-only")
+    r.set_defaults(func=rederive)
     ns = ap.parse_args()
     return ns.func(ns)
 
