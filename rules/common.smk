@@ -65,7 +65,11 @@ def gate_files():
 
 def reference_files():
     wanted = set(EXP.raw.get("reference", {}).get("cells", []))
-    return [f"{RESULTS}/reference/{c.server_id}/{c.id}.json" for c in CELLS if c.id in wanted]
+    return [
+        f"{RESULTS}/reference/{c.server_id}/{c.id}.json"
+        for c in CELLS
+        if c.id in wanted
+    ]
 
 
 def startup_files():
@@ -128,3 +132,11 @@ def cell_priority(wildcards):
 
 def server_gpus(wildcards):
     return EXP.server(wildcards.server_id).gpus
+
+
+def server_gpus_needed(wildcards):
+    # tensor x pipeline parallel, whatever the device (the check decides what applies)
+    srv = EXP.server(wildcards.server_id)
+    return int(srv.args.get("tensor-parallel-size", 1)) * int(
+        srv.args.get("pipeline-parallel-size", 1)
+    )

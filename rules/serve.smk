@@ -1,10 +1,33 @@
+# Tensor parallelism above 1: CUDA peer access and NCCL's P2P use are checked
+# before the server config's launch (speedmatrix.p2p); one GPU: not applicable.
 # The launch spec of a server config: the exact argv, environment and model
 # hashes. The server itself is brought up by the first cell that needs it
 # and writes servers/<id>/startup.json (docs/decisions/0001).
+rule p2p_check:
+    input:
+        lock=f"{RESULTS}/runtime.lock.json",
+    output:
+        f"{RESULTS}/servers/{{server_id}}/p2p.json",
+    log:
+        f"{RESULTS}/logs/servers/{{server_id}}.p2p.log",
+    conda:
+        "../envs/speedmatrix.yaml"
+    # the whole device: no cell measures while the GPUs are tested
+    resources:
+        device=1,
+        gpu=server_gpus,
+    params:
+        gpus=server_gpus_needed,
+        device=EXP.runtime.get("device", "gpu"),
+    script:
+        "../workflow/scripts/p2p_check.py"
+
+
 rule server_launch:
     input:
         lock=f"{RESULTS}/runtime.lock.json",
         models=server_models,
+        p2p=f"{RESULTS}/servers/{{server_id}}/p2p.json",
     output:
         f"{RESULTS}/servers/{{server_id}}/launch.json",
     log:

@@ -13,7 +13,7 @@ from . import atomic, telemetry
 TELEMETRY_COLUMNS = [
     "gpu_name", "gpu_count", "gpu_power_w", "gpu_energy_j", "gpu_energy_per_output_token_j", "gpu_sm_util_pct",
     "gpu_mem_util_pct", "gpu_sm_clock_mhz", "gpu_mem_clock_mhz", "gpu_pcie_rx_mb_s", "gpu_pcie_tx_mb_s",
-    "gpu_temp_c_max",
+    "gpu_temp_c_max", "gpu_nvlink_tx_mb_s", "gpu_nvlink_rx_mb_s",
 ]
 
 MATRIX_COLUMNS = [

@@ -293,6 +293,35 @@ def gpu_table(m: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def per_gpu_table(m: pd.DataFrame) -> str:
+    """Several GPUs (tensor parallel): each GPU's power, SM utilisation, PCIe and NVLink traffic per cell,
+    like seed 000's per-phase table."""
+    import json
+
+    d = m[m["gpu_count"].fillna(0) > 1] if "gpu_count" in m else m.iloc[0:0]
+    if d.empty:
+        return ""
+    n = int(d["gpu_count"].max())
+    heads = ["Phase", "Context", "Requests at once"]
+    for g in range(n):
+        heads += [f"GPU{g} power (W)", f"GPU{g} SM util", f"GPU{g} PCIe rx / tx (MB/s)", f"GPU{g} NVLink rx / tx (MB/s)"]
+    lines = ["| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
+
+    def f(v):
+        return "—" if v is None else f"{float(v):,.0f}"
+
+    for r in d.sort_values(["workload", "context_tokens", "concurrency"]).itertuples():
+        per = json.loads(r.gpu_per_gpu) if isinstance(r.gpu_per_gpu, str) else []
+        vals = [r.workload, fmt_ctx(int(r.context_tokens)), str(int(r.concurrency))]
+        for g in range(n):
+            x = per[g] if g < len(per) else {}
+            vals += [f(x.get("power_w_mean")), f"{f(x.get('sm_util_pct_mean'))} %",
+                     f"{f(x.get('pcie_rx_mb_s_mean'))} / {f(x.get('pcie_tx_mb_s_mean'))}",
+                     f"{f(x.get('nvlink_rx_mb_s'))} / {f(x.get('nvlink_tx_mb_s'))}"]
+        lines.append("| " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
 def roofline_table(m: pd.DataFrame) -> str:
     """Decode at concurrency 1: the memory-bandwidth bound per token against the measured time."""
     d = m[m["roofline_pct"].notna()] if "roofline_pct" in m else m.iloc[0:0]
@@ -440,6 +469,10 @@ def render(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
     if gpu:
         out += ["", "## GPU telemetry", "", "NVML, sampled every 0.2 s during each cell's requests only; power "
                 "and PCIe summed over the server's GPUs, utilisation and clocks averaged.", "", gpu]
+    per_gpu = per_gpu_table(matrix)
+    if per_gpu:
+        out += ["", "### Per GPU", "", "Each GPU of the tensor-parallel server, per cell (means over the cell's "
+                "window; NVLink from NVML's data counters, PCIe from its 20 ms throughput samples).", "", per_gpu]
     out += ["", "## Loops", "", loop_policy_text(matrix, loop_settings or {})]
     for sid in sorted(matrix["server_id"].unique()):
         m = matrix[matrix["server_id"] == sid]

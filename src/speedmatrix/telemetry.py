@@ -94,6 +94,17 @@ class Sampler:
                 out[key] = read()
             except Exception:  # a counter this GPU does not have
                 pass
+        # NVLink data counters (KiB, cumulative; GPU-to-GPU traffic that PCIe counters do not see)
+        fields = [getattr(n, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", None),
+                  getattr(n, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", None)]
+        if None not in fields:
+            try:
+                tx, rx = n.nvmlDeviceGetFieldValues(h, fields)
+                if not tx.nvmlReturn and not rx.nvmlReturn:
+                    out["nvlink_tx_kib"] = float(tx.value.ullVal)
+                    out["nvlink_rx_kib"] = float(rx.value.ullVal)
+            except Exception:
+                pass
         return out
 
     def _loop(self, handles) -> None:
@@ -138,6 +149,11 @@ class Sampler:
             e = [s["energy_mj"] for s in series if "energy_mj" in s]
             if len(e) >= 2:
                 row["energy_j"] = round((e[-1] - e[0]) / 1000.0, 3)
+            span = series[-1]["t"] - series[0]["t"]
+            for key in ("nvlink_tx", "nvlink_rx"):
+                c = [s[f"{key}_kib"] for s in series if f"{key}_kib" in s]
+                if len(c) >= 2 and span > 0:
+                    row[f"{key}_mb_s"] = round((c[-1] - c[0]) * 1.024 / span, 3)
             per_gpu.append(row)
         window_s = self.samples[-1][0]["t"] - self.samples[0][0]["t"]
         out: dict[str, Any] = {"gpu_name": self.names[0], "gpu_count": len(per_gpu), "window_s": round(window_s, 3),
@@ -161,6 +177,8 @@ class Sampler:
             "gpu_pcie_rx_mb_s": total("pcie_rx_mb_s_mean"),
             "gpu_pcie_tx_mb_s": total("pcie_tx_mb_s_mean"),
             "gpu_temp_c_max": max((r["temp_c_max"] for r in per_gpu if "temp_c_max" in r), default=None),
+            "gpu_nvlink_tx_mb_s": total("nvlink_tx_mb_s"),
+            "gpu_nvlink_rx_mb_s": total("nvlink_rx_mb_s"),
         })
         if out["gpu_energy_j"] is not None and output_tokens:
             out["gpu_energy_per_output_token_j"] = round(out["gpu_energy_j"] / output_tokens, 6)
