@@ -160,7 +160,7 @@ def collect(ns: argparse.Namespace) -> int:
         for m in tar.getmembers():
             rel = m.name.split("/", 1)[1] if "/" in m.name else ""
             keep = (rel in KEEP or (rel.startswith("charts/") and rel.endswith(".png"))
-                    or rel.startswith("reference/") or rel.endswith("startup.json") or rel.endswith("launch.json"))
+                    or rel.startswith("reference/") or rel.endswith(("startup.json", "launch.json", "p2p.json")))
             if m.isfile() and keep:
                 target = dest / rel
                 target.parent.mkdir(parents=True, exist_ok=True)

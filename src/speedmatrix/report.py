@@ -304,7 +304,7 @@ def per_gpu_table(m: pd.DataFrame) -> str:
     n = int(d["gpu_count"].max())
     heads = ["Phase", "Context", "Requests at once"]
     for g in range(n):
-        heads += [f"GPU{g} power (W)", f"GPU{g} SM util", f"GPU{g} PCIe rx / tx (MB/s)", f"GPU{g} NVLink rx / tx (MB/s)"]
+        heads += [f"GPU{g} power (W)", f"GPU{g} SM util", f"GPU{g} PCIe rx / tx (MB/s)"]
     lines = ["| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
 
     def f(v):
@@ -316,8 +316,7 @@ def per_gpu_table(m: pd.DataFrame) -> str:
         for g in range(n):
             x = per[g] if g < len(per) else {}
             vals += [f(x.get("power_w_mean")), f"{f(x.get('sm_util_pct_mean'))} %",
-                     f"{f(x.get('pcie_rx_mb_s_mean'))} / {f(x.get('pcie_tx_mb_s_mean'))}",
-                     f"{f(x.get('nvlink_rx_mb_s'))} / {f(x.get('nvlink_tx_mb_s'))}"]
+                     f"{f(x.get('pcie_rx_mb_s_mean'))} / {f(x.get('pcie_tx_mb_s_mean'))}"]
         lines.append("| " + " | ".join(vals) + " |")
     return "\n".join(lines)
 
@@ -472,7 +471,10 @@ def render(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
     per_gpu = per_gpu_table(matrix)
     if per_gpu:
         out += ["", "### Per GPU", "", "Each GPU of the tensor-parallel server, per cell (means over the cell's "
-                "window; NVLink from NVML's data counters, PCIe from its 20 ms throughput samples).", "", per_gpu]
+                "window; PCIe from NVML's 20 ms throughput samples). NVML's NVLink data counters are recorded "
+                "(`gpu_nvlink_*`, `gpu_per_gpu` in matrix.parquet) but not shown: on two H200s their rates "
+                "exceeded the links' bandwidth, so their unit or meaning is not settled (docs/gpu.md). Cells "
+                "shorter than a second (prefill) have too few samples for these means.", "", per_gpu]
     out += ["", "## Loops", "", loop_policy_text(matrix, loop_settings or {})]
     for sid in sorted(matrix["server_id"].unique()):
         m = matrix[matrix["server_id"] == sid]
