@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from speedmatrix import experiment, metrics, runtimes  # noqa: E402
+from speedmatrix import experiment, metrics, reference, runtimes  # noqa: E402
 from speedmatrix.server import end_group, free_port, group_members  # noqa: E402
 
 # (input tokens, output tokens, requests, concurrency)
@@ -109,16 +109,8 @@ def run_ours(url: str, shape: tuple[int, int, int, int], out: Path, prefix: list
 
 def run_vllm(url: str, shape: tuple[int, int, int, int], out: Path, tokenizer: str, prefix: list[str]) -> dict:
     inp, outp, n, c = shape
-    cmd = [*prefix, sys.executable, str(REPO / "bench/vllm_bench_serve.py"), "--out", str(out), "--",
-           "--backend", "vllm", "--base-url", url, "--model", "tiny", "--tokenizer", tokenizer,
-           "--dataset-name", "random", "--random-input-len", str(inp), "--random-output-len", str(outp),
-           "--num-prompts", str(n), "--max-concurrency", str(c), "--ignore-eos", "--seed", str(int(time.time())),
-           # greedy, as speedmatrix sends (vLLM's default for the completions API samples at temperature 1)
-           "--temperature", "0"]
-    subprocess.run(cmd, check=True, capture_output=True)
-    r = json.loads(out.read_text())
-    return {k: r.get(k) for k in ("completed", "total_output_tokens", "output_throughput", "median_ttft_ms",
-                                  "mean_ttft_ms", "median_itl_ms", "total_input_tokens", "duration")}
+    argv = reference.vllm_bench_argv(url, "tiny", tokenizer, inp, outp, n, c, out, seed=int(time.time()))
+    return reference.run_vllm_bench([*prefix, *argv])
 
 
 def _terminate(*_: object) -> None:

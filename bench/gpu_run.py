@@ -196,30 +196,12 @@ def rederive(ns: argparse.Namespace) -> int:
     for name in ("heatmap", "throughput", "ttft", "spec", "prefix", "gpu"):
         outs[f"{name}_html"] = str(work / f"{name}.html")
         outs[f"{name}_png"] = str(dest / "charts" / f"{name}{ns.suffix}.png")
-    # the report's configuration is the experiment's, with the loop policy overridden
-    exp.raw.setdefault("loops", {})["policy"] = ns.policy
-    report_build_with(exp, report, str(matrix), res, outs)
+    report.build(ns.experiment, str(REPO / "config" / "experiments"), str(matrix), str(res / "runtime.lock.json"),
+                 [str(p) for p in sorted(res.glob("servers/*/launch.json"))], outs,
+                 models_lock_path=str(res / "models.lock"),
+                 reference_paths=[str(p) for p in sorted(res.glob("reference/*/*.json"))], loop_settings=settings)
     print(f"wrote {matrix.relative_to(REPO)} and {Path(outs['md']).relative_to(REPO)}")
     return 0
-
-
-def report_build_with(exp, report, matrix_path, res, outs):
-    import pandas as pd
-
-    from speedmatrix import atomic, charts
-
-    m = pd.read_parquet(matrix_path)
-    startups = [atomic.read_json(p) for p in sorted(res.glob("servers/*/startup.json"))]
-    links = {}
-    for name, (title, make) in charts.CHARTS.items():
-        charts.save(make(m), outs[f"{name}_html"], outs[f"{name}_png"])
-        if charts.has_data(name, m):
-            links[title] = str(Path(outs[f"{name}_png"]).relative_to(Path(outs["md"]).parent))
-    refs = [atomic.read_json(p) for p in sorted(res.glob("reference/*/*.json"))]
-    text = report.render(m, startups, atomic.read_json(res / "runtime.lock.json"), links, exp.name,
-                         exp.raw.get("description", ""), exp.loops, [], [],
-                         atomic.read_json(res / "models.lock"), refs)
-    report.write(outs["md"], outs["html"], text, exp.name)
 
 
 def main() -> int:

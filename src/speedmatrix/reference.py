@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 FIELDS = ("completed", "total_output_tokens", "output_throughput", "median_ttft_ms", "mean_ttft_ms",
-          "median_itl_ms")
+          "median_itl_ms", "total_input_tokens", "duration")
 
 
 def vllm_bench_argv(url: str, model: str, tokenizer: str, context: int, max_tokens: int, requests: int,

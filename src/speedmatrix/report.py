@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -119,14 +120,24 @@ def prefix_cache_table(m: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+PHASE_ORDER = {"prefill": 0, "latency": 1, "decode": 2, "capacity": 3, "prefix_cache": 4}
+
+
+def by_phase(m: pd.DataFrame, *then: str) -> pd.DataFrame:
+    """Rows in the seeds' order: prefill, latency, decode, capacity, prefix cache; then by ``then``."""
+    return m.assign(_o=m["workload"].map(PHASE_ORDER)).sort_values(["_o", *then], kind="stable")
+
+
+def fmt_whole(v: Any, fmt: str = "{:,.0f}") -> str:
+    return "—" if _missing(v) else fmt.format(float(v))
+
+
 def full_table(m: pd.DataFrame) -> str:
     head = ("| Phase | Context | Requests at once | Status | Total tok/s | Per request tok/s | TTFT | "
             "Time between tokens | Average active requests | Completed requests | Output tokens | Measured for | "
             "Loop fraction | Total tok/s without looping requests |")
     lines = [head, "|---" * 14 + "|"]
-    order = {"prefill": 0, "latency": 1, "decode": 2, "capacity": 3, "prefix_cache": 4}
-    m = m.assign(_o=m["workload"].map(order)).sort_values(["_o", "context_tokens", "concurrency"])
-    for r in m.itertuples():
+    for r in by_phase(m, "context_tokens", "concurrency").itertuples():
         measured = r.status not in ("over_capacity",)
         phase = {"prefill": "Prefill", "decode": "Sustained decode", "capacity": "Capacity",
                  "latency": "Latency", "prefix_cache": "Prefix cache (warm)"}.get(r.workload, r.workload)
@@ -280,11 +291,8 @@ def gpu_table(m: pd.DataFrame) -> str:
     lines = ["| Phase | Context | Requests at once | Power (W) | Energy / output token (J) | SM util | Mem util | "
              "SM clock (MHz) | Mem clock (MHz) | PCIe rx / tx (MB/s) | Max temp (°C) |",
              "|---" * 11 + "|"]
-    order = {"prefill": 0, "latency": 1, "decode": 2, "capacity": 3, "prefix_cache": 4}
-    d = d.assign(_o=d["workload"].map(order)).sort_values(["_o", "context_tokens", "concurrency", "repeat"])
-    for r in d.itertuples():
-        def f(v, fmt="{:,.0f}"):
-            return "—" if _missing(v) else fmt.format(float(v))
+    f = fmt_whole
+    for r in by_phase(d, "context_tokens", "concurrency", "repeat").itertuples():
         lines.append(f"| {r.workload} | {fmt_ctx(int(r.context_tokens))} | {int(r.concurrency)} | "
                      f"{f(r.gpu_power_w)} | {f(r.gpu_energy_per_output_token_j, '{:.3f}')} | "
                      f"{f(r.gpu_sm_util_pct)} % | {f(r.gpu_mem_util_pct)} % | {f(r.gpu_sm_clock_mhz)} | "
@@ -294,10 +302,8 @@ def gpu_table(m: pd.DataFrame) -> str:
 
 
 def per_gpu_table(m: pd.DataFrame) -> str:
-    """Several GPUs (tensor parallel): each GPU's power, SM utilisation, PCIe and NVLink traffic per cell,
-    like seed 000's per-phase table."""
-    import json
-
+    """Several GPUs (tensor parallel): each GPU's power, SM utilisation and PCIe traffic per cell, like seed
+    000's per-phase table."""
     d = m[m["gpu_count"].fillna(0) > 1] if "gpu_count" in m else m.iloc[0:0]
     if d.empty:
         return ""
@@ -306,11 +312,8 @@ def per_gpu_table(m: pd.DataFrame) -> str:
     for g in range(n):
         heads += [f"GPU{g} power (W)", f"GPU{g} SM util", f"GPU{g} PCIe rx / tx (MB/s)"]
     lines = ["| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
-
-    def f(v):
-        return "—" if v is None else f"{float(v):,.0f}"
-
-    for r in d.sort_values(["workload", "context_tokens", "concurrency"]).itertuples():
+    f = fmt_whole
+    for r in by_phase(d, "context_tokens", "concurrency").itertuples():
         per = json.loads(r.gpu_per_gpu) if isinstance(r.gpu_per_gpu, str) else []
         vals = [r.workload, fmt_ctx(int(r.context_tokens)), str(int(r.concurrency))]
         for g in range(n):
@@ -549,10 +552,11 @@ def write(path_md: str | Path, path_html: str | Path, text: str, title: str) -> 
 
 def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_path: str, launch_paths: list[str],
           out: dict[str, str], gate_paths: list[str] = (), models_lock_path: str | None = None,
-          reference_paths: list[str] = ()) -> None:
-    """The report rule: the charts (HTML + PNG), report.md and report.html."""
-    import json
+          reference_paths: list[str] = (), loop_settings: dict[str, Any] | None = None) -> None:
+    """The report rule: the charts (HTML + PNG), report.md and report.html.
 
+    ``loop_settings`` replaces the experiment's ``loops:`` in the text (a re-derivation under
+    another policy: bench/gpu_run.py rederive)."""
     from . import atomic, charts, experiment
 
     exp = experiment.load(experiment_name, experiments_dir)
@@ -572,7 +576,7 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
     gates = [atomic.read_json(p) for p in gate_paths]
     models_lock = atomic.read_json(models_lock_path) if models_lock_path else None
     references = [atomic.read_json(p) for p in reference_paths]
-    text = render(matrix, startups, lock, chart_links, exp.name, exp.raw.get("description", ""), exp.loops,
-                  sweeps, gates, models_lock, references)
+    text = render(matrix, startups, lock, chart_links, exp.name, exp.raw.get("description", ""),
+                  exp.loops if loop_settings is None else loop_settings, sweeps, gates, models_lock, references)
     write(out["md"], out["html"], text, exp.name)
     print(f"report: {out['md']}")
