@@ -145,3 +145,52 @@ def test_image_references_parse_like_docker():
     given = registry.parse(f"nvcr.io/nvidia/vllm@{d}")
     assert given.digest == d and given.registry == "https://nvcr.io" and given.tag is None
     assert registry.resolve(f"nvcr.io/nvidia/vllm@{d}")[1] == d  # a digest is used as given, no network
+
+
+def test_bearer_token_challenge_is_followed(tmp_path):
+    """Docker Hub answers 401 with a bearer challenge; the resolver fetches an anonymous token from the
+    realm and asks again. A stand-in registry (http.server) plays that exchange on loopback."""
+    import http.server
+    import threading
+
+    digest = "sha256:" + "b" * 64
+    seen = {}
+
+    class Registry(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            if self.path.startswith("/token"):
+                seen["token_query"] = self.path
+                body = b'{"token": "anon-token"}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.send_response(404)
+            self.end_headers()
+
+        def do_HEAD(self):
+            if self.headers.get("Authorization") != "Bearer anon-token":
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="http://127.0.0.1:{port}/token",'
+                                 'service="registry.test",scope="repository:vllm/vllm-openai:pull"')
+                self.end_headers()
+                return
+            seen["accept"] = self.headers.get("Accept")
+            self.send_response(200)
+            self.send_header("Docker-Content-Digest", digest)
+            self.end_headers()
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Registry)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ref, got = registry.resolve("vllm/vllm-openai:v0.25.1", registry=f"http://127.0.0.1:{port}")
+    finally:
+        server.shutdown()
+    assert got == digest and ref.pinned(got) == f"vllm/vllm-openai@{digest}"
+    assert "service=registry.test" in seen["token_query"] and "scope=repository" in seen["token_query"]
+    assert "manifest.list.v2+json" in seen["accept"] and "image.index.v1+json" in seen["accept"]
