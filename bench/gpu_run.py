@@ -7,7 +7,7 @@ packs what the pipeline needs beside it, prints the device calls, runs the
 workflow there, and files what comes back under docs/results/<experiment>/.
 
     python3 bench/gpu_run.py build            # here: .gk/p0.. (vLLM) and .gk/x0.. (Snakemake, Altair, ...)
-    python3 bench/gpu_run.py plan             # here: the device calls, one per line (carry + command)
+    python3 bench/gpu_run.py plan [EXPERIMENT] [--kind K]   # here: the device calls, one per line
     python3 bench/gpu_run.py start EXPERIMENT # there: unpack the kit, start the workflow detached
     python3 bench/gpu_run.py wait EXPERIMENT  # there: wait (< 9 min) for it; when done, pack results into $OUT
     python3 bench/gpu_run.py collect TARBALL EXPERIMENT   # here: file the results under docs/results/
@@ -90,7 +90,7 @@ def build(_: argparse.Namespace) -> int:
     return 0
 
 
-def plan(_: argparse.Namespace) -> int:
+def plan(ns: argparse.Namespace) -> int:
     parts = sorted(p.name for p in KIT.glob("[px][0-9]"))
     if not parts:
         print("no kit: run `python3 bench/gpu_run.py build` first", file=sys.stderr)
@@ -98,8 +98,10 @@ def plan(_: argparse.Namespace) -> int:
     print("# one device call a part (carry the part, copy it out), back to back; the last starts the run:")
     for name in parts:
         print(json.dumps({"carry": [f".gk/{name}"], "command": f"cp .gk/{name} /tmp/kit.{name}"}))
-    print(json.dumps({"command": "python3 bench/gpu_run.py start h200-gemma4-31b-shape"}))
-    print(json.dumps({"command": "python3 bench/gpu_run.py wait h200-gemma4-31b-shape", "repeat": "until done"}))
+    print(json.dumps({"command": f"python3 bench/gpu_run.py start {ns.experiment} && "
+                                 f"python3 bench/gpu_run.py wait {ns.experiment} --max-s 500"}))
+    print(json.dumps({"command": f"python3 bench/gpu_run.py wait {ns.experiment}", "repeat": "until packed",
+                      "kind": ns.kind}))
     return 0
 
 
@@ -208,7 +210,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("build").set_defaults(func=build)
-    sub.add_parser("plan").set_defaults(func=plan)
+    pl = sub.add_parser("plan")
+    pl.add_argument("experiment", nargs="?", default="h200-gemma4-31b-shape")
+    pl.add_argument("--kind", default="nvidia-h200", help="the device kind (nvidia-h200-x2 for the TP-2 run)")
+    pl.set_defaults(func=plan)
     s = sub.add_parser("start")
     s.add_argument("experiment")
     s.set_defaults(func=start)
