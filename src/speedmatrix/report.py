@@ -283,9 +283,14 @@ def spread_table(m: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _rows_with(m: pd.DataFrame, column: str) -> pd.DataFrame:
+    """The rows where ``column`` has a value (none when the matrix lacks the column: an older run)."""
+    return m[m[column].notna()] if column in m else m.iloc[0:0]
+
+
 def gpu_table(m: pd.DataFrame) -> str:
     """NVML telemetry over each cell's measurement window."""
-    d = m[m["gpu_name"].notna()] if "gpu_name" in m else m.iloc[0:0]
+    d = _rows_with(m, "gpu_name")
     if d.empty:
         return ""
     lines = ["| Phase | Context | Requests at once | Power (W) | Energy / output token (J) | SM util | Mem util | "
@@ -304,7 +309,8 @@ def gpu_table(m: pd.DataFrame) -> str:
 def per_gpu_table(m: pd.DataFrame) -> str:
     """Several GPUs (tensor parallel): each GPU's power, SM utilisation and PCIe traffic per cell, like seed
     000's per-phase table."""
-    d = m[m["gpu_count"].fillna(0) > 1] if "gpu_count" in m else m.iloc[0:0]
+    d = _rows_with(m, "gpu_count")
+    d = d[d["gpu_count"] > 1]
     if d.empty:
         return ""
     n = int(d["gpu_count"].max())
@@ -326,7 +332,7 @@ def per_gpu_table(m: pd.DataFrame) -> str:
 
 def roofline_table(m: pd.DataFrame) -> str:
     """Decode at concurrency 1: the memory-bandwidth bound per token against the measured time."""
-    d = m[m["roofline_pct"].notna()] if "roofline_pct" in m else m.iloc[0:0]
+    d = _rows_with(m, "roofline_pct")
     if d.empty:
         return ""
     lines = ["| Context | Run | Measured time between tokens | Bound (weights / peak bandwidth) | "

@@ -181,8 +181,9 @@ def launch_argv(exp: Experiment, srv: ServerConfig, models_dir: str | Path, port
         command = [_home(part) for part in rt.get("command", DEFAULT_LOCAL_COMMAND)]
         prefix = ["env", *(f"{k}={v}" for k, v in srv.env.items())] if srv.env else []
         return [*prefix, *command, model, *serve_flags(exp, srv, models_dir, port, revisions)]
-    synthesized = sorted({str(Path(models_dir).resolve())} if any("synthesize" in m for m in exp.models.values())
-                         else set())
+    # a synthesized model's directory is mounted into the container at the same path, read-only
+    synthesized = ([str(Path(models_dir).resolve())] if any("synthesize" in m for m in exp.models.values())
+                   else [])
     if kind == "docker":
         cport = int(rt.get("container_port", 8000))
         argv = ["docker", "run"]
