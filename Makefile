@@ -21,7 +21,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.speedmatrix-installed
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: run test install plan lint clean-results stop
+.PHONY: run test test-fast install plan lint clean-results stop
 
 run: $(STAMP)
 	$(BIN)/snakemake --workflow-profile profiles/$(PROFILE) --config experiment=$(EXPERIMENT) $(SNAKEMAKE_ARGS)
@@ -34,6 +34,10 @@ plan: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest -ra $(PYTEST_MARK) $(PYTEST_ARGS)
 
+# The tests that need no engine (no vLLM server, no SLURM): seconds, for quick local runs.
+test-fast: $(STAMP)
+	$(BIN)/pytest -ra -m "not engine and not slurm" $(PYTEST_ARGS)
+
 install: $(STAMP)
 
 $(STAMP): pyproject.toml requirements.lock
@@ -45,7 +49,9 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
 	touch $@
 
+# ruff (rules in pyproject.toml) on the Python, then Snakemake's own linter and snakefmt.
 lint: $(STAMP)
+	$(BIN)/ruff check src tests bench workflow
 	$(BIN)/snakemake --lint
 	$(BIN)/snakefmt --check Snakefile rules/
 

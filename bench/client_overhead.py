@@ -72,7 +72,8 @@ async def _vllm(url: str, concurrency: int, requests: int, tokens: int) -> tuple
         outs = await asyncio.gather(*(one() for _ in range(requests)))
         wall = time.perf_counter() - t0
     ok = [o for o in outs if o.success]
-    return wall, [o.ttft for o in ok], [g for o in ok for g in o.itl], sum(o.output_tokens or len(o.itl) + 1 for o in ok)
+    tokens = sum(o.output_tokens or len(o.itl) + 1 for o in ok)
+    return wall, [o.ttft for o in ok], [g for o in ok for g in o.itl], tokens
 
 
 def worker(ns: argparse.Namespace) -> int:

@@ -98,7 +98,8 @@ def place_processes(pgid: int, client_on: str = "worker") -> list[str]:
 
 def run_ours(url: str, shape: tuple[int, int, int, int], out: Path, prefix: list[str]) -> dict:
     inp, outp, n, c = shape
-    cmd = [*prefix, str(REPO / ".venv/bin/speedmatrix"), "bench", "--url", url, "--model", "tiny", "--workload", "capacity",
+    cmd = [*prefix, str(REPO / ".venv/bin/speedmatrix"), "bench", "--url", url, "--model", "tiny",
+           "--workload", "capacity",
            "--context", str(inp), "--max-tokens", str(outp), "--requests", str(n), "--concurrency", str(c),
            "--ignore-eos", "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True)

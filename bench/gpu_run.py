@@ -175,7 +175,8 @@ def rederive(ns: argparse.Namespace) -> int:
     import pandas as pd
 
     sys.path.insert(0, str(REPO / "src"))
-    from speedmatrix import aggregate, atomic, experiment, loopcheck, report
+    from speedmatrix import aggregate, atomic, charts, experiment, loopcheck
+    from speedmatrix.report import document
 
     work = Path(subprocess.run(["mktemp", "-d"], capture_output=True, text=True, check=True).stdout.strip())
     with tarfile.open(ns.tarball) as tar:
@@ -195,10 +196,10 @@ def rederive(ns: argparse.Namespace) -> int:
     matrix = dest / f"matrix{ns.suffix}.parquet"
     aggregate.build(cells, loops, reqs, matrix, work / "requests.parquet")
     outs = {"md": str(dest / f"report{ns.suffix}.md"), "html": str(work / "report.html")}
-    for name in ("heatmap", "throughput", "ttft", "spec", "prefix", "gpu"):
-        outs[f"{name}_html"] = str(work / f"{name}.html")
-        outs[f"{name}_png"] = str(dest / "charts" / f"{name}{ns.suffix}.png")
-    report.build(ns.experiment, str(REPO / "config" / "experiments"), str(matrix), str(res / "runtime.lock.json"),
+    for chart in charts.CHARTS:
+        outs[f"{chart.name}_html"] = str(work / f"{chart.name}.html")
+        outs[f"{chart.name}_png"] = str(dest / "charts" / f"{chart.name}{ns.suffix}.png")
+    document.build(ns.experiment, str(REPO / "config" / "experiments"), str(matrix), str(res / "runtime.lock.json"),
                  [str(p) for p in sorted(res.glob("servers/*/launch.json"))], outs,
                  models_lock_path=str(res / "models.lock"),
                  reference_paths=[str(p) for p in sorted(res.glob("reference/*/*.json"))], loop_settings=settings)

@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "bench"))
 
 from client_overhead import _start_streamer  # noqa: E402
+
 from speedmatrix.server import free_port  # noqa: E402
 
 TOKENS = 4096

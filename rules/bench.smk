@@ -1,7 +1,8 @@
-# One rule per cell kind (prefill, latency, capacity, prefix_cache, decode):
+# One rule per workload kind, from the registry (speedmatrix.workloads):
 # `snakemake --list-rules` and the job counts show each kind, and a cluster
-# profile can give each kind its own limits. All of them run the same code
-# path, speedmatrix.cells.run, as `speedmatrix bench` does by hand.
+# profile can give a kind its own limits (--set-resources decode:...). All of
+# them run the same code path, speedmatrix.cells.run, as `speedmatrix bench`
+# does by hand.
 for kind in WORKLOADS:
 
     rule:
@@ -16,22 +17,27 @@ for kind in WORKLOADS:
         log:
             f"{RESULTS}/logs/cells/{{server_id}}/{kind}-{{cell_key}}.log",
         priority: cell_priority
+        # on a cluster, every job of one server config runs in one allocation
+        group:
+            "server-{server_id}"
         conda:
             "../envs/speedmatrix.yaml"
-        # the whole machine: nothing else of the workflow runs while a cell
-        # measures (a loop job on a shared core skews a CPU server's timings).
-        # Snakemake scales this down to --cores locally; profiles/slurm sets
-        # the CPUs of a cluster allocation (set-threads).
-        threads: 1024
+        # the whole machine locally: nothing else of the workflow runs while a
+        # cell measures (a loop job on a shared core skews a CPU server's
+        # timings); on a cluster, the CPUs of the allocation (config.yaml: cluster)
+        threads: job_threads
         resources:
             device=1,
             # GPUs of the server config (tensor x pipeline parallel; 0 on a CPU runtime)
             gpu=server_gpus,
+            mem_mb=config["cluster"]["job_mem_mb"],
+            runtime=config["cluster"]["job_runtime_min"],
         params:
             cell_id=cell_id_of(kind),
             cell=cell_spec_of(kind),
             experiment=config["experiment"],
             experiments_dir=config["experiments_dir"],
+            results_root=results_root,
             idle_timeout_s=IDLE_TIMEOUT_S,
             measured_with=MEASURED_WITH,
         script:

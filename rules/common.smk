@@ -3,9 +3,11 @@ import os
 
 from snakemake_interface_executor_plugins.settings import ExecMode
 
+from speedmatrix import charts as sm_charts
 from speedmatrix import experiment as sm_experiment
 from speedmatrix import runtimes as sm_runtimes
 from speedmatrix import server as sm_server
+from speedmatrix import workloads as sm_workloads
 
 try:
     EXP = sm_experiment.load(config["experiment"], config["experiments_dir"])
@@ -15,7 +17,8 @@ except sm_experiment.ConfigError as err:
 RESULTS = f"{config['results_dir']}/{EXP.name}"
 MODELS = config["models_dir"]
 SERVER_IDS = [s.id for s in EXP.servers]
-WORKLOADS = sm_experiment.WORKLOADS
+# the workload kinds, one rule each (rules/bench.smk), from the registry
+WORKLOADS = sm_workloads.names()
 GATES = list(EXP.raw.get("gates", {}))
 CELLS = EXP.cells()
 PACKAGES_SHA256 = sm_runtimes.packages_digest()
@@ -36,11 +39,17 @@ if workflow.is_main_process or workflow.exec_mode == ExecMode.REMOTE:
 
 wildcard_constraints:
     server_id="[A-Za-z0-9][A-Za-z0-9_.-]*",
-    cell_id=sm_experiment.CELL_ID_PATTERN,
+    cell_id=sm_workloads.cell_id_pattern(),
     # a cell id without its kind (each kind has its rule, rules/bench.smk)
-    cell_key=sm_experiment.CELL_KEY_PATTERN,
+    cell_key=sm_workloads.CELL_KEY_PATTERN,
     model="[A-Za-z0-9][A-Za-z0-9_.-]*",
     gate="smoke|structured_json|tool_calls",
+
+
+def results_root(wildcards):
+    # the results root (config results_dir): the device lock and the registry of
+    # running servers live there (speedmatrix.job.JobContext)
+    return config["results_dir"]
 
 
 def stop_servers():
@@ -140,3 +149,24 @@ def server_gpus_needed(wildcards):
     return int(srv.args.get("tensor-parallel-size", 1)) * int(
         srv.args.get("pipeline-parallel-size", 1)
     )
+
+
+def job_threads(wildcards):
+    # A job that measures (cell, gate, reference) takes the whole machine locally
+    # (Snakemake scales this down to --cores); on a cluster, the CPUs of the
+    # server config's allocation (config.yaml: cluster.job_threads). Evaluated
+    # per job, once the executor is known.
+    return 1024 if workflow.local_exec else config["cluster"]["job_threads"]
+
+
+def chart_outputs():
+    # every chart of speedmatrix.charts.CHARTS: <name>_html and <name>_png (the PNG with its caption)
+    out = {}
+    for chart in sm_charts.CHARTS:
+        out[f"{chart.name}_html"] = f"{RESULTS}/charts/{chart.name}.html"
+        out[f"{chart.name}_png"] = report(
+            f"{RESULTS}/charts/{chart.name}.png",
+            caption=f"../docs/captions/{chart.name}.rst",
+            category="Charts",
+        )
+    return out

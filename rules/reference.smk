@@ -10,15 +10,23 @@ rule reference:
     log:
         f"{RESULTS}/logs/reference/{{server_id}}/{{cell_id}}.log",
     priority: cell_priority
+    # on a cluster, every job of one server config runs in one allocation
+    group:
+        "server-{server_id}"
     conda:
         "../envs/speedmatrix.yaml"
-    threads: 1024
+    # the whole machine locally: nothing else of the workflow runs while it measures (a loop
+    # job on a shared core skews a CPU server's timings); on a cluster, the allocation's CPUs
+    threads: job_threads
     resources:
         device=1,
         gpu=server_gpus,
+        mem_mb=config["cluster"]["job_mem_mb"],
+        runtime=config["cluster"]["job_runtime_min"],
     params:
         experiment=config["experiment"],
         experiments_dir=config["experiments_dir"],
+        results_root=results_root,
         idle_timeout_s=IDLE_TIMEOUT_S,
     script:
         "../workflow/scripts/reference.py"

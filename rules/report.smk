@@ -1,3 +1,6 @@
+# The report: report.md / report.html and every chart of speedmatrix.charts.CHARTS
+# (HTML + PNG; a chart without data is a placeholder and is left out of the
+# report). Each chart's caption for `snakemake --report` is docs/captions/<name>.rst.
 rule report:
     input:
         matrix=f"{RESULTS}/matrix.parquet",
@@ -7,47 +10,12 @@ rule report:
         references=reference_files(),
         models_lock=f"{RESULTS}/models.lock",
     output:
+        **chart_outputs(),
         md=f"{RESULTS}/report.md",
         html=report(
             f"{RESULTS}/report.html",
             caption="../docs/captions/report.rst",
             category="Tables",
-        ),
-        heatmap_html=f"{RESULTS}/charts/heatmap.html",
-        heatmap_png=report(
-            f"{RESULTS}/charts/heatmap.png",
-            caption="../docs/captions/heatmap.rst",
-            category="Charts",
-        ),
-        throughput_html=f"{RESULTS}/charts/throughput.html",
-        throughput_png=report(
-            f"{RESULTS}/charts/throughput.png",
-            caption="../docs/captions/throughput.rst",
-            category="Charts",
-        ),
-        ttft_html=f"{RESULTS}/charts/ttft.html",
-        ttft_png=report(
-            f"{RESULTS}/charts/ttft.png",
-            caption="../docs/captions/ttft.rst",
-            category="Charts",
-        ),
-        spec_html=f"{RESULTS}/charts/spec.html",
-        spec_png=report(
-            f"{RESULTS}/charts/spec.png",
-            caption="../docs/captions/spec.rst",
-            category="Charts",
-        ),
-        prefix_html=f"{RESULTS}/charts/prefix.html",
-        prefix_png=report(
-            f"{RESULTS}/charts/prefix.png",
-            caption="../docs/captions/prefix.rst",
-            category="Charts",
-        ),
-        gpu_html=f"{RESULTS}/charts/gpu.html",
-        gpu_png=report(
-            f"{RESULTS}/charts/gpu.png",
-            caption="../docs/captions/gpu.rst",
-            category="Charts",
         ),
     log:
         f"{RESULTS}/logs/report.log",

@@ -78,7 +78,8 @@ async def looping_events(request: web.Request, payload: dict) -> web.StreamRespo
     """Some prose, then the same sentence over and over (one token an event), without pause."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
-    pieces = ["Once ", "upon ", "a ", "time ", "there ", "was ", "a ", "server. "] + ["and it ", "said ", "again "] * 100_000
+    pieces = (["Once ", "upon ", "a ", "time ", "there ", "was ", "a ", "server. "]
+              + ["and it ", "said ", "again "] * 100_000)
     for i in range(payload.get("max_tokens", 8)):
         body = {"choices": [{"index": 0, "text": pieces[i], "finish_reason": None}],
                 "usage": {"prompt_tokens": 4, "completion_tokens": i + 1}}

@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestServer
 
 from fault_server import PROMPTS, app
 from speedmatrix.client import RequestOptions, RequestRecord, closed_loop, stream_completion
-from speedmatrix.experiment import Cell
+from speedmatrix.workloads import Cell
 
 
 async def one(mode: str, stall_timeout_s: float = 0.5, opts: RequestOptions | None = None) -> RequestRecord:

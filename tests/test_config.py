@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from conftest import REPO, run_snakemake, vllm_processes
-from speedmatrix import cli, experiment, runtimes
+from speedmatrix import cli, experiment, runtimes, workloads
 
 
 @pytest.fixture
@@ -114,7 +114,7 @@ def test_workloads_take_one_block_or_a_list_and_name_every_cell_kind(exp_dir):
     assert ids == ["prefill-ctx256", "latency-ctx128", "capacity-ctx256-c4", "prefix_cache-ctx1024-c4-share87.5",
                    "prefix_cache-ctx1024-c4-share25", "decode-ctx128-c1", "decode-ctx128-c4",
                    "decode-ctx128-c4-code"]
-    assert all(re.fullmatch(experiment.CELL_ID_PATTERN, i) for i in ids)
+    assert all(re.fullmatch(workloads.cell_id_pattern(), i) for i in ids)
     assert exp.cell("base", "prefix_cache-ctx1024-c4-share25").shared_prefix == 0.25
 
 

@@ -17,8 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import (LIFECYCLE_WORKLOADS, REPO, one_server_experiment, run_snakemake, snakemake_cmd,
-                      wait_no_vllm)
+from conftest import LIFECYCLE_WORKLOADS, REPO, one_server_experiment, run_snakemake, snakemake_cmd, wait_no_vllm
 from speedmatrix import experiment
 from speedmatrix.aggregate import MATRIX_COLUMNS
 

@@ -6,7 +6,6 @@ import random
 from pathlib import Path
 
 import pandas as pd
-
 import pytest
 
 from speedmatrix import corpus, loops

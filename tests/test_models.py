@@ -42,7 +42,8 @@ def prepare(tmp_path, revision, hub_home):
            "HF_HUB_DISABLE_TELEMETRY": "1"}
     code = ("import json, sys; from speedmatrix import models\n"
             "try:\n"
-            f"    m = models.prepare('tiny', {{'repo': {REPO_ID!r}, 'revision': {revision!r}}}, {str(tmp_path / 'out')!r})\n"
+            f"    m = models.prepare('tiny', {{'repo': {REPO_ID!r}, 'revision': {revision!r}}}, "
+            f"{str(tmp_path / 'out')!r})\n"
             "    lock = models.lock({'tiny': m})\n"
             f"    open({str(tmp_path / 'models.lock')!r}, 'w').write(json.dumps(lock))\n"
             "    print(json.dumps(m))\n"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from speedmatrix import report
 from speedmatrix.aggregate import MATRIX_COLUMNS
+from speedmatrix.report import document as report
 
 
 def row(**kw):
@@ -35,7 +35,8 @@ def test_gpu_sections():
     text = report.render(m, [], {}, {}, "h200", references=[ref],
                          models_lock={"models": {"shape": {"source": "synthesize", "preset": "gemma4-31b-shape"}}})
     assert "## GPU telemetry" in text and "| decode | 1K | 1 | 420 | 7.600 | 98 % |" in text
-    assert "## Roofline (decode, one request)" in text and "| 1K | 1 | 17.7 ms | 12.66 ms | 56.6 GiB | 4.8 TB/s | 71.5 % |" in text
+    assert "## Roofline (decode, one request)" in text
+    assert "| 1K | 1 | 17.7 ms | 12.66 ms | 56.6 GiB | 4.8 TB/s | 71.5 % |" in text
     assert "## Run-to-run spread" in text and "| tp1 | 1K | 8 | code | 2 | 400.0, 440.0 | 420.0 | 9.5% |" in text
     assert "## Agreement with vllm bench serve" in text and "| +1.4 % |" in text
     assert "random weights" in text and "mean nothing" in text

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -19,7 +19,7 @@ import pytest
 
 from conftest import LIFECYCLE_WORKLOADS, REPO, one_server_experiment, wait_no_vllm
 from speedmatrix import experiment
-from speedmatrix.experiment import WORKLOADS
+from speedmatrix.workloads import names as workload_names
 
 pytestmark = pytest.mark.slurm
 
@@ -34,8 +34,8 @@ def slurm_cmd(work: Path, experiment_name: str, experiments_dir: Path | str = "c
         f"models_dir={work / 'models'}", f"experiments_dir={experiments_dir}",
         "--default-resources", "slurm_partition=debug", "slurm_account=none", "runtime=30", "mem_mb=2000",
         # every cell kind has its rule (rules/bench.smk): two CPUs and 6 GB for each
-        "--set-threads", *(f"{k}=2" for k in WORKLOADS),
-        "--set-resources", *(f"{k}:mem_mb=6000" for k in WORKLOADS),
+        "--set-threads", *(f"{k}=2" for k in workload_names()),
+        "--set-resources", *(f"{k}:mem_mb=6000" for k in workload_names()),
         # the jobs run on this very host: the cluster's shared file system is the local disk
         "--shared-fs-usage", "input-output", "persistence", "software-deployment", "source-cache", "sources",
         "storage-local-copies", *extra,

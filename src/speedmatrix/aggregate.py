@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 
-from . import atomic, telemetry
+from . import atomic, workloads
 
 TELEMETRY_COLUMNS = [
     "gpu_name", "gpu_count", "gpu_power_w", "gpu_energy_j", "gpu_energy_per_output_token_j", "gpu_sm_util_pct",
@@ -29,16 +30,15 @@ MATRIX_COLUMNS = [
     "started_at", "hostname", "slurm_job_id",
     "mean_ttft_ms", "p95_ttft_ms", "corpus", "shared_prefix", "ignore_eos", "server_metrics", "token_count_gap",
     "server_running_mean", "prefix_cache_hits", "prefix_cache_queries",
-    # prefix-cache cells: the main columns are the warm pass, these the cold pass
-    "cold_ttft_ms", "cold_mean_ttft_ms", "cold_total_tok_s", "cold_prefix_cache_hit_rate",
     # loops (docs/decisions: issue 5): the figure over the requests that did not loop, and trust in acceptance
     "looped_requests", "total_tok_s_non_looping", "spec_acceptance_reliable", "loops_after_natural_end",
     "prompt_format",
     # seed experiments: the sweep a server config belongs to and its point ("path=label; ..."), the API used
     "sweep", "sweep_point", "api", "repeat",
     # GPU telemetry over the measurement window (NVML; null where absent) and the decode roofline
-    *TELEMETRY_COLUMNS, "gpu_per_gpu",
-    "model_weights_gib", "roofline_bound_ms", "roofline_peak_bw_tb_s", "roofline_pct",
+    *TELEMETRY_COLUMNS, "gpu_per_gpu", "model_weights_gib",
+    # each workload kind's own columns (prefix cache: the cold pass; decode: the roofline)
+    *(c for name in workloads.names() for c in workloads.get(name).matrix_columns),
 ]
 
 
@@ -47,7 +47,7 @@ def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
     res = cell["result"]
     prov = cell["provenance"]
     srv = cell["server"]
-    cold = (res.get("passes") or {}).get("cold", {})
+    kind = workloads.get(spec["workload"])
     return {
         "experiment": cell["experiment"],
         "server_id": spec["server_id"],
@@ -108,10 +108,6 @@ def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
         "server_running_mean": res.get("server_running_mean"),
         "prefix_cache_hits": res.get("prefix_cache_hits"),
         "prefix_cache_queries": res.get("prefix_cache_queries"),
-        "cold_ttft_ms": cold.get("median_ttft_ms"),
-        "cold_mean_ttft_ms": cold.get("mean_ttft_ms"),
-        "cold_total_tok_s": cold.get("output_throughput"),
-        "cold_prefix_cache_hit_rate": cold.get("prefix_cache_hit_rate"),
         "looped_requests": loops.get("looped_requests"),
         "total_tok_s_non_looping": loops.get("output_throughput_non_looping"),
         "spec_acceptance_reliable": loops.get("spec_acceptance_reliable"),
@@ -120,17 +116,8 @@ def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
         **{k: res.get(k) for k in TELEMETRY_COLUMNS},
         "gpu_per_gpu": json.dumps(res["gpu_per_gpu"]) if res.get("gpu_per_gpu") else None,
         "model_weights_gib": prov.get("model_weights_gib"),
-        **_roofline(spec, res, prov),
+        **kind.matrix_fields(spec, res, prov),
     }
-
-
-def _roofline(spec: dict[str, Any], res: dict[str, Any], prov: dict[str, Any]) -> dict[str, Any]:
-    """Decode at concurrency 1 only: the memory-bandwidth bound per token against the measured one."""
-    empty = {"roofline_bound_ms": None, "roofline_peak_bw_tb_s": None, "roofline_pct": None}
-    if spec["workload"] != "decode" or spec["concurrency"] != 1:
-        return empty
-    r = telemetry.roofline(prov.get("model_weights_gib"), res.get("gpu_name"), res.get("median_tbt_ms"))
-    return {k: (r or {}).get(k) for k in empty}
 
 
 def build(cells: Iterable[str | Path], loops: Iterable[str | Path], requests: Iterable[str | Path],

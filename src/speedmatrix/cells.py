@@ -15,32 +15,25 @@ import hashlib
 import json
 import os
 import secrets
-import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 import pandas as pd
 
-from . import __version__, atomic, client, loops, metrics, prompts, stats, telemetry
-from .experiment import Cell
+from . import atomic, client, loops, metrics, prompts, telemetry
+from .errors import CellError
+from .job import JobContext
+from .workloads import Cell, CellRun
 
 MAX_FAILED_FRACTION = 0.5
-
-
-class CellError(RuntimeError):
-    pass
 
 
 def needed_kv_tokens(cell: Cell) -> int:
     """KV tokens the cell needs at once: every request at full context plus its output cap."""
     return cell.concurrency * (cell.context_tokens + cell.max_tokens)
-
-
-def scheduler_env() -> dict[str, str]:
-    keys = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_NODELIST", "SLURM_STEP_ID")
-    return {k: os.environ[k] for k in keys if k in os.environ}
 
 
 async def _scrape(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
@@ -141,9 +134,9 @@ def request_options(cell: Cell, client_cfg: dict[str, Any], loop_cfg: dict[str, 
     and the final usage event gives its exact total at no cost to the server."""
     per_chunk = client_cfg.get("usage_per_chunk", "auto")
     if per_chunk == "auto":
-        per_chunk = cell.workload == "decode"
+        per_chunk = cell.kind.cut_at_window_end
     return client.RequestOptions(
-        max_tokens=1 if cell.workload == "prefill" else cell.max_tokens,
+        max_tokens=cell.kind.request_max_tokens(cell),
         stall_timeout_s=float(client_cfg.get("stall_timeout_s", 60.0)),
         ignore_eos=bool(client_cfg.get("ignore_eos", False)),
         usage_per_chunk=bool(per_chunk),
@@ -153,94 +146,6 @@ def request_options(cell: Cell, client_cfg: dict[str, Any], loop_cfg: dict[str, 
         api=client_cfg.get("api", "completions"),
         chat_template_kwargs=client_cfg.get("chat_template_kwargs"),
     )
-
-
-async def _run_workload(cell: Cell, url: str, model: str, opts: client.RequestOptions,
-                        source: prompts.PromptSource, build: Callable, sampler: "GaugeSampler",
-                        before_raw: dict[str, Any], client_cfg: dict[str, Any],
-                        progress: Callable[[str], None]) -> tuple[dict, list, dict, float]:
-    """Send the cell's requests: (figures, records, passes of a prefix-cache cell, wall-clock start)."""
-    salt = f"{cell.server_id}/{cell.id}"
-    ctx = cell.context_tokens
-    passes: dict[str, dict[str, Any]] = {}
-    if cell.workload == "decode":
-        # Prompts are built ahead: a first batch before the window, then a producer keeps at least
-        # `concurrency` spare ones ready, so a finished request is replaced at once (building one as
-        # text takes two calls to the server; a worker that waited for them would leave a slot idle).
-        queued: asyncio.Queue = asyncio.Queue()
-        built = 4 * cell.concurrency + 16
-        for p in await build([source.prompt(i, ctx, salt) for i in range(built)]):
-            queued.put_nowait(p)
-
-        async def producer() -> None:
-            nonlocal built
-            while True:
-                if queued.qsize() < 2 * cell.concurrency + 8:
-                    batch = max(8, cell.concurrency)
-                    for p in await build([source.prompt(i, ctx, salt) for i in range(built, built + batch)]):
-                        queued.put_nowait(p)
-                    built += batch
-                else:
-                    await asyncio.sleep(0.05)
-
-        async def make(i: int):
-            return await queued.get()
-    elif cell.workload == "prefix_cache":
-        shared = round(cell.shared_prefix * ctx)
-        by_phase = {phase: await build([source.shared_prefix_prompt(i, ctx, shared, salt)
-                                     for i in range(k * cell.requests, (k + 1) * cell.requests)])
-                 for k, phase in enumerate(("cold", "warm"))}
-    else:
-        ready_list = await build([source.prompt(i, ctx, salt) for i in range(cell.requests)])
-    t_wall = time.time()
-    sampler.start()
-    if cell.workload == "decode":
-        progress(f"decode: {cell.concurrency} at once for {cell.duration_s:g} s, context {ctx}")
-        filling = asyncio.create_task(producer())
-        try:
-            _, records = await asyncio.wait_for(
-                client.closed_loop(url, model, make, cell.concurrency, cell.duration_s, opts, progress),
-                timeout=float(client_cfg.get("cell_timeout_s", cell.duration_s + opts.stall_timeout_s + 120)),
-            )
-        finally:
-            filling.cancel()
-        figures = stats.decode(records, cell.duration_s)
-        figures["prompts_built"] = built
-    elif cell.workload == "prefill":
-        progress(f"prefill: {cell.requests} single requests at context {ctx}")
-        records = await client.sequential(url, model, ready_list, opts)
-        figures = stats.prefill(records, ctx)
-    elif cell.workload == "latency":
-        progress(f"latency: {cell.requests} requests one at a time, context {ctx}")
-        t0 = time.monotonic()
-        records = await client.sequential(url, model, ready_list, opts)
-        figures = stats.fixed(records, time.monotonic() - t0)
-    elif cell.workload == "capacity":
-        progress(f"capacity: {cell.requests} requests, {cell.concurrency} at once, context {ctx}, "
-                 f"cap {cell.max_tokens} tokens")
-        wall, records = await client.fixed_count(url, model, lambda i: ready_list[i], cell.requests,
-                                                 cell.concurrency, opts)
-        figures = stats.fixed(records, wall)
-    elif cell.workload == "prefix_cache":
-        records = []
-        snap = metrics.snapshot(before_raw)
-        for k, phase in enumerate(("cold", "warm")):
-            progress(f"prefix cache, {phase} pass: {cell.requests} requests, {cell.concurrency} at once, "
-                     f"{shared} of {ctx} tokens shared")
-            first = k * cell.requests
-            wall, recs = await client.fixed_count(url, model, lambda i, ps=by_phase[phase], f=first: ps[i - f],
-                                                  cell.requests, cell.concurrency, opts, phase=phase,
-                                                  first_index=first)
-            after = metrics.snapshot(await _counters(url))
-            passes[phase] = {**stats.fixed(recs, wall), **metrics.delta(snap, after),
-                             "client_output_tokens": sum(r.output_tokens for r in recs)}
-            snap = after
-            records += recs
-        figures = {k: v for k, v in passes["warm"].items() if k not in metrics.DELTA_KEYS}
-        figures["shared_prefix_tokens"] = shared
-    else:
-        raise CellError(f"unknown workload {cell.workload!r}")
-    return figures, records, passes, t_wall
 
 
 async def measure(
@@ -304,8 +209,13 @@ async def measure(
         gpu = telemetry.Sampler(env=gpu_env)  # no NVML (the CPU default): samples nothing, returns None
         gpu.start()
         try:
-            figures, records, passes, t_wall = await _run_workload(cell, url, model, opts, source, build, sampler,
-                                                                   before_raw, client_cfg, progress)
+            run = CellRun(cell, url, model, opts, source, build, before_raw, client_cfg, progress,
+                          scrape=lambda: _counters(url))
+            prepared = await cell.kind.prepare(run)  # prompts are built before the clock starts
+            t_wall = time.time()
+            sampler.start()
+            measured = await cell.kind.measure(run, prepared)
+            figures, records, passes = measured.figures, measured.records, measured.passes or {}
         except BaseException:
             gpu.stop()
             raise
@@ -441,37 +351,7 @@ def restore(stored_json: Path, stored_requests: Path, out_json: str, out_request
     return True
 
 
-def provenance(startup: dict[str, Any], runtime_lock: dict[str, Any], launch: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "speedmatrix_version": __version__,
-        "hostname": socket.gethostname(),
-        "server_start_id": startup.get("start_id"),
-        "server_started_at": startup.get("started_at"),
-        "vllm_version": startup.get("vllm_version"),
-        "runtime_ref": runtime_lock.get("runtime_ref"),
-        "packages_sha256": runtime_lock.get("packages_sha256"),
-        "launch_argv": startup.get("argv"),
-        # GiB of weights on each GPU, from the server's log (the decode roofline's numerator)
-        "model_weights_gib": startup.get("model_weights_gib"),
-        "models": launch.get("models"),
-        "scheduler": scheduler_env(),
-    }
-
-
-def use_api_key(launch: dict[str, Any]) -> None:
-    """The server's key (config: api_key_env) is what the client sends; it stays in this process's
-    environment and the server's, never in a file."""
-    name = launch.get("api_key_env")
-    if not name:
-        return
-    if not os.environ.get(name):
-        raise CellError(f"server config {launch['server_id']} takes its API key from the environment variable "
-                        f"{name}, which is not set: export {name}=... and run again")
-    os.environ[client.API_KEY_ENV] = os.environ[name]
-
-
-def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str,
-        launch_path: str, lock_path: str, out_json: str, out_requests: str, idle_timeout_s: float) -> dict:
+def run(job: JobContext, cell_id: str, out_json: str, out_requests: str) -> dict:
     """The cell rule: acquire the server (starting it if needed), measure, write once.
 
     A good measurement is first written to the experiment's durable store
@@ -481,26 +361,19 @@ def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str
     cluster), the next run restores them from the store instead of measuring
     again, without starting a server.
     """
-    from . import experiment, server
-
-    exp = experiment.load(experiment_name, experiments_dir)
+    exp, launch, server_id = job.experiment, job.launch, job.server_id
     cell = exp.cell(server_id, cell_id)
-    # <results_root>/<experiment>/servers/<server_id>/launch.json: the device lock
-    # and the registry of running servers live at the results root
-    results_root = Path(launch_path).resolve().parents[3]
-    launch = atomic.read_json(launch_path)
-    lock = atomic.read_json(lock_path)
     progress = print
     progress(f"cell {server_id}/{cell_id}: {cell.as_dict()}")
-    use_api_key(launch)
-    key = measurement_key(cell, launch, lock, exp.client, exp.loops)
-    stored_json, stored_requests = store_paths(Path(launch_path).resolve().parents[2], server_id, cell_id, key)
+    job.use_api_key()
+    key = measurement_key(cell, launch, job.lock, exp.client, exp.loops)
+    stored_json, stored_requests = store_paths(job.results, server_id, cell_id, key)
     if restore(stored_json, stored_requests, out_json, out_requests):
         doc = atomic.read_json(out_json)
         progress(f"restored from the durable store {stored_json} (measured "
                  f"{doc['result'].get('started_at', 'earlier')}); not measured again")
         return doc
-    with server.acquire(results_root, exp.name, server_id, launch, idle_timeout_s, progress) as info:
+    with job.server(progress) as info:
         startup = info["startup"]
         progress(f"server {server_id} start {startup['start_id']} at {info['url']} "
                  f"(KV cache {startup.get('kv_cache_size_tokens')} tokens)")
@@ -511,9 +384,9 @@ def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str
             # requests failed: keep the cell only if its server is still the same healthy server
             # (a killed server closes its sockets while it is still exiting, so look twice)
             time.sleep(1.0)
-            if not server.healthy(info):
+            if not job.server_healthy(info):
                 raise CellError(f"the server of {server_id} died during the cell; {result['failed']} requests "
-                                f"failed ({result['errors_by_kind']}); see {Path(launch_path).parent}/server.log")
+                                f"failed ({result['errors_by_kind']}); see {job.server_dir}/server.log")
     doc = {
         "experiment": exp.name,
         "cell": cell.as_dict(),
@@ -522,7 +395,7 @@ def run(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str
                    "sweep_values": launch.get("sweep_values") or {}},
         "client": exp.client,
         "result": result,
-        "provenance": provenance(startup, lock, launch),
+        "provenance": job.provenance(startup),
     }
     doc["measurement_key"] = key
     ident = {"experiment": exp.name, "server_id": server_id, "cell_id": cell_id}

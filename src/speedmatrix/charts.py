@@ -1,24 +1,47 @@
-"""Charts with Altair, saved as HTML and PNG (vl-convert)."""
+"""Charts with Altair, saved as HTML and PNG (vl-convert).
+
+Each chart is a :class:`Chart` in :data:`CHARTS`: its ``data`` picks the rows
+it draws from matrix.parquet (``None`` when there are none), its ``draw``
+makes the Altair chart from them. A chart with no data says so itself: it is
+saved as a one-line placeholder and left out of the report.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import altair as alt
 import pandas as pd
 
-from .report import STATUS_LABEL, fmt_num
+from . import workloads
+from .report import fmt
 
 
-def decode_heatmap(matrix: pd.DataFrame) -> alt.Chart:
-    """Context x concurrency per server config; colour = total tok/s, text = the number or the status."""
-    d = matrix[matrix["workload"] == "decode"].copy()
-    if d.empty:
-        return _empty("no sustained-decode cells")
-    d["label"] = [
-        fmt_num(v) if s == "valid" else STATUS_LABEL.get(s, s) for s, v in zip(d["status"], d["total_tok_s"])
-    ]
+def _kinds(flag: str) -> list[str]:
+    """The workload kinds with a class attribute set (e.g. ``throughput``)."""
+    return [n for n in workloads.names() if getattr(workloads.get(n), flag)]
+
+
+def _valid(matrix: pd.DataFrame) -> pd.DataFrame:
+    return matrix[matrix["status"] == "valid"]
+
+
+def _none_if_empty(d: pd.DataFrame) -> pd.DataFrame | None:
+    return None if d.empty else d
+
+
+def heatmap_data(d: pd.DataFrame) -> pd.DataFrame | None:
+    d = d.copy()
+    d["label"] = [fmt.num(v) if s == "valid" else fmt.status(s) for s, v in zip(d["status"], d["total_tok_s"],
+                                                                                   strict=True)]
     d["tok_s"] = d["total_tok_s"].where(d["status"] == "valid")
+    return d
+
+
+def decode_heatmap(d: pd.DataFrame) -> alt.Chart:
+    """Context x concurrency per server config; colour = total tok/s, text = the number or the status."""
     base = alt.Chart(d).encode(
         x=alt.X("concurrency:O", title="simultaneous requests"),
         y=alt.Y("context_tokens:O", title="context (tokens)", sort="ascending"),
@@ -36,17 +59,14 @@ def decode_heatmap(matrix: pd.DataFrame) -> alt.Chart:
     )
 
 
-def _empty(text: str) -> alt.Chart:
-    return alt.Chart(pd.DataFrame({"t": [text]})).mark_text(fontSize=14).encode(text="t:N").properties(
-        width=400, height=60)
+def throughput_data(matrix: pd.DataFrame) -> pd.DataFrame | None:
+    d = _valid(matrix)
+    d = d[d["workload"].isin(_kinds("throughput"))]
+    return _none_if_empty(d.assign(context=d["context_tokens"].astype(str) + " tok"))
 
 
-def throughput_concurrency(matrix: pd.DataFrame) -> alt.Chart:
+def throughput_concurrency(d: pd.DataFrame) -> alt.Chart:
     """Total output tok/s against requests at once, one line per context, per server config."""
-    d = matrix[matrix["workload"].isin(["decode", "capacity"]) & (matrix["status"] == "valid")]
-    if d.empty:
-        return _empty("no valid decode or capacity cells")
-    d = d.assign(context=d["context_tokens"].astype(str) + " tok")
     return (
         alt.Chart(d).mark_line(point=True).encode(
             x=alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="simultaneous requests"),
@@ -60,11 +80,13 @@ def throughput_concurrency(matrix: pd.DataFrame) -> alt.Chart:
     )
 
 
-def ttft_context(matrix: pd.DataFrame) -> alt.Chart:
-    """Median TTFT against prompt length (prefill and latency cells), one line per server config."""
-    d = matrix[matrix["workload"].isin(["prefill", "latency"]) & (matrix["status"] == "valid")]
-    if d.empty:
-        return _empty("no prefill or latency cells")
+def ttft_data(matrix: pd.DataFrame) -> pd.DataFrame | None:
+    d = _valid(matrix)
+    return _none_if_empty(d[d["workload"].isin(_kinds("one_at_a_time"))])
+
+
+def ttft_context(d: pd.DataFrame) -> alt.Chart:
+    """Median TTFT against prompt length (one-request-at-a-time cells), one line per server config."""
     return (
         alt.Chart(d).mark_line(point=True).encode(
             x=alt.X("context_tokens:Q", scale=alt.Scale(type="log", base=2), title="prompt tokens"),
@@ -76,12 +98,14 @@ def ttft_context(matrix: pd.DataFrame) -> alt.Chart:
     )
 
 
-def spec_sweep(matrix: pd.DataFrame) -> alt.Chart:
-    """Output tok/s and acceptance rate against speculative tokens (cells with the same shape across configs)."""
+def spec_data(matrix: pd.DataFrame) -> pd.DataFrame | None:
+    """The cells measured at more than one speculative-token setting."""
     d = matrix[(matrix["status"] == "valid") & matrix["spec_tokens"].notna()]
-    d = d[d.groupby("cell_id")["spec_tokens"].transform("nunique") > 1]
-    if d.empty:
-        return _empty("no cell measured at more than one speculative-token setting")
+    return _none_if_empty(d[d.groupby("cell_id")["spec_tokens"].transform("nunique") > 1])
+
+
+def spec_sweep(d: pd.DataFrame) -> alt.Chart:
+    """Output tok/s and acceptance rate against speculative tokens (cells with the same shape across configs)."""
     base = alt.Chart(d).encode(x=alt.X("spec_tokens:O", title="speculative tokens"),
                                color=alt.Color("cell_id:N", title="cell"))
     tok = base.mark_line(point=True).encode(y=alt.Y("mean(total_tok_s):Q", title="output tok/s"),
@@ -94,11 +118,9 @@ def spec_sweep(matrix: pd.DataFrame) -> alt.Chart:
                        ).properties(title="Speculative decoding sweep")
 
 
-def prefix_cache(matrix: pd.DataFrame) -> alt.Chart:
-    """Cold against warm pass per sharing ratio: mean TTFT and token hit rate."""
-    d = matrix[(matrix["workload"] == "prefix_cache") & (matrix["status"] != "over_capacity")]
-    if d.empty:
-        return _empty("no prefix-cache cells")
+def prefix_data(d: pd.DataFrame) -> pd.DataFrame | None:
+    """Cold and warm pass per sharing ratio, one row each."""
+    d = d[d["status"] != "over_capacity"]
     rows = []
     for r in d.itertuples():
         share = f"{float(r.shared_prefix):.1%} shared"
@@ -106,7 +128,11 @@ def prefix_cache(matrix: pd.DataFrame) -> alt.Chart:
                      "hit_rate": r.cold_prefix_cache_hit_rate})
         rows.append({"server_id": r.server_id, "share": share, "pass": "warm", "mean_ttft_ms": r.mean_ttft_ms,
                      "hit_rate": r.prefix_cache_hit_rate})
-    long = pd.DataFrame(rows)
+    return pd.DataFrame(rows) if rows else None
+
+
+def prefix_cache(long: pd.DataFrame) -> alt.Chart:
+    """Cold against warm pass per sharing ratio: mean TTFT and token hit rate."""
     base = alt.Chart(long).encode(x=alt.X("pass:N", title=None), color=alt.Color("pass:N"),
                                   column=alt.Column("share:N", title=None))
     return alt.vconcat(
@@ -116,15 +142,16 @@ def prefix_cache(matrix: pd.DataFrame) -> alt.Chart:
     ).properties(title="Prefix cache: cold against warm")
 
 
-def gpu_telemetry(matrix: pd.DataFrame) -> alt.Chart:
-    """GPU power and energy per output token against concurrency, one line per context (decode and capacity)."""
+def gpu_data(matrix: pd.DataFrame) -> pd.DataFrame | None:
     if "gpu_power_w" not in matrix:
-        return _empty("no GPU telemetry (NVML absent: CPU run)")
-    d = matrix[matrix["workload"].isin(["decode", "capacity"]) & matrix["gpu_power_w"].notna()
-               & (matrix["status"] == "valid")]
-    if d.empty:
-        return _empty("no GPU telemetry (NVML absent: CPU run)")
-    d = d.assign(context=d["context_tokens"].astype(str) + " tok")
+        return None
+    d = _valid(matrix)
+    d = d[d["workload"].isin(_kinds("throughput")) & d["gpu_power_w"].notna()]
+    return _none_if_empty(d.assign(context=d["context_tokens"].astype(str) + " tok"))
+
+
+def gpu_telemetry(d: pd.DataFrame) -> alt.Chart:
+    """GPU power and energy per output token against concurrency, one line per context."""
     base = alt.Chart(d).encode(
         x=alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="simultaneous requests"),
         color=alt.Color("context:N", title="context", sort=alt.SortField("context_tokens")),
@@ -141,36 +168,49 @@ def gpu_telemetry(matrix: pd.DataFrame) -> alt.Chart:
                        ).properties(title="GPU telemetry (NVML, measurement windows only)")
 
 
-CHARTS = {
-    "heatmap": ("Sustained decode heatmap", None),
-    "throughput": ("Throughput against concurrency", throughput_concurrency),
-    "ttft": ("TTFT against context", ttft_context),
-    "spec": ("Speculative decoding sweep", spec_sweep),
-    "prefix": ("Prefix cache cold against warm", prefix_cache),
-    "gpu": ("GPU power and energy per token", gpu_telemetry),
-}
+def placeholder(text: str) -> alt.Chart:
+    return alt.Chart(pd.DataFrame({"t": [text]})).mark_text(fontSize=14).encode(text="t:N").properties(
+        width=400, height=60)
 
 
-def has_data(name: str, matrix: pd.DataFrame) -> bool:
-    valid = matrix[matrix["status"] == "valid"]
-    if name == "heatmap":
-        return bool((matrix["workload"] == "decode").any())
-    if name == "throughput":
-        return bool(valid["workload"].isin(["decode", "capacity"]).any())
-    if name == "ttft":
-        return bool(valid["workload"].isin(["prefill", "latency"]).any())
-    if name == "spec":
-        return bool((valid.groupby("cell_id")["spec_tokens"].nunique() > 1).any())
-    if name == "prefix":
-        return bool((matrix["workload"] == "prefix_cache").any())
-    if name == "gpu":
-        return "gpu_power_w" in matrix and bool(matrix["gpu_power_w"].notna().any())
-    return False
-
-
-def save(chart: alt.Chart, html: str | Path, png: str | Path) -> None:
+def save_chart(chart: alt.Chart, html: str | Path, png: str | Path) -> None:
     chart.save(str(html))
     chart.save(str(png), scale_factor=2)
 
 
-CHARTS["heatmap"] = ("Sustained decode heatmap", decode_heatmap)
+@dataclass(frozen=True)
+class Chart:
+    """One chart of the report: its file name, title, rows and drawing."""
+
+    name: str  # charts/<name>.html and .png; the report rule's outputs <name>_html, <name>_png
+    title: str
+    data: Callable[[pd.DataFrame], pd.DataFrame | None]
+    draw: Callable[[pd.DataFrame], alt.Chart]
+    empty: str  # what the placeholder says when there is no data
+    kind: str | None = None  # a chart of one workload kind gets only that kind's rows
+
+    def chart(self, matrix: pd.DataFrame) -> alt.Chart | None:
+        rows = matrix if self.kind is None else matrix[matrix["workload"] == self.kind]
+        d = self.data(rows) if len(rows) else None
+        return None if d is None else self.draw(d)
+
+    def save(self, matrix: pd.DataFrame, html: str | Path, png: str | Path) -> bool:
+        """Draw and save the chart; with no data, a placeholder. True when the chart has data."""
+        chart = self.chart(matrix)
+        save_chart(placeholder(self.empty) if chart is None else chart, html, png)
+        return chart is not None
+
+
+CHARTS = [
+    Chart("heatmap", "Sustained decode heatmap", heatmap_data, decode_heatmap, "no sustained-decode cells",
+          kind="decode"),
+    Chart("throughput", "Throughput against concurrency", throughput_data, throughput_concurrency,
+          "no valid decode or capacity cells"),
+    Chart("ttft", "TTFT against context", ttft_data, ttft_context, "no prefill or latency cells"),
+    Chart("spec", "Speculative decoding sweep", spec_data, spec_sweep,
+          "no cell measured at more than one speculative-token setting"),
+    Chart("prefix", "Prefix cache cold against warm", prefix_data, prefix_cache, "no prefix-cache cells",
+          kind="prefix_cache"),
+    Chart("gpu", "GPU power and energy per token", gpu_data, gpu_telemetry,
+          "no GPU telemetry (NVML absent: CPU run)"),
+]

@@ -8,8 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from . import __version__
-from .experiment import WORKLOADS
+from . import __version__, workloads
+from .errors import SpeedmatrixError
 
 EPILOG = """\
 The whole pipeline runs through Snakemake (`make run`, or
@@ -20,13 +20,9 @@ these subcommands are the pieces a user wants by hand.
 
 def cmd_bench(ns: argparse.Namespace) -> int:
     from . import atomic, cells
-    from .experiment import Cell
 
-    cell = Cell(server_id="manual", workload=ns.workload, context_tokens=ns.context,
-                concurrency=1 if ns.workload in ("prefill", "latency") else ns.concurrency,
-                max_tokens=1 if ns.workload == "prefill" else ns.max_tokens,
-                duration_s=ns.duration if ns.workload == "decode" else None, requests=ns.requests,
-                shared_prefix=ns.shared_prefix if ns.workload == "prefix_cache" else None, corpus=ns.corpus)
+    cell = workloads.get(ns.workload).manual_cell(ns.context, ns.concurrency, ns.requests, ns.max_tokens,
+                                                  ns.duration, ns.shared_prefix, ns.corpus)
     client_cfg = {"stall_timeout_s": ns.stall_timeout, "ignore_eos": ns.ignore_eos, "seed": ns.seed,
                   "busy_wait_s": ns.busy_wait,
                   "usage_per_chunk": {"auto": "auto", "on": True, "off": False}[ns.usage_per_chunk],
@@ -128,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "OPENAI_API_KEY (never from the command line, so it stays out of shell history and logs).")
     b.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     b.add_argument("--model", required=True, help="served model name")
-    b.add_argument("--workload", choices=list(WORKLOADS), default="decode",
+    b.add_argument("--workload", choices=workloads.names(), default="decode",
                    help="prefill: TTFT and prompt tok/s, one request at a time, prefix cache defeated; decode: a "
                    "closed loop of --concurrency requests for --duration seconds; capacity: --requests requests, "
                    "--concurrency at once; prefix_cache: --requests requests sharing --shared-prefix of the "
@@ -212,18 +208,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .cells import CellError
-    from .experiment import ConfigError
+    from .errors import CellError
 
     ns = build_parser().parse_args(argv)
     try:
         return ns.func(ns)
-    except ConfigError as err:
-        print(f"speedmatrix: {err}", file=sys.stderr)
-        return 2
     except CellError as err:
         print(f"speedmatrix: cell failed: {err}", file=sys.stderr)
         return 1
+    except SpeedmatrixError as err:
+        print(f"speedmatrix: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ import asyncio
 import inspect
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 import msgspec

@@ -15,10 +15,12 @@ from pathlib import Path
 import altair as alt
 import pandas as pd
 
-from .report import STATUS_LABEL, _delta, fmt_ctx, fmt_ms, fmt_num
+from . import atomic, charts, workloads
+from .report import fmt
+from .report.table import Heading, Image, Para, Table, html_page, markdown
 
-FIGURES = [("total_tok_s", "output tok/s", fmt_num), ("ttft_ms", "median TTFT", fmt_ms),
-           ("p95_ttft_ms", "p95 TTFT", fmt_ms)]
+FIGURES = [("total_tok_s", "output tok/s", fmt.num), ("ttft_ms", "median TTFT", fmt.ms),
+           ("p95_ttft_ms", "p95 TTFT", fmt.ms)]
 
 
 def load_matrix(run: str | Path) -> pd.DataFrame:
@@ -59,24 +61,23 @@ def matched(a: pd.DataFrame, b: pd.DataFrame, match: str = "server", server_a: s
     return both.sort_values(["server_id", "workload", "context_tokens", "concurrency"])
 
 
-def table(both: pd.DataFrame, label_a: str, label_b: str) -> str:
+def table(both: pd.DataFrame) -> Table:
     heads = ["Server config", "Cell"]
     for _, name, _ in FIGURES:
         heads += [f"{name} A", f"{name} B", "Δ"]
-    lines = [f"A = {label_a}; B = {label_b}. Δ is B against A (for TTFT, negative is faster).", "",
-             "| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
+    t = Table(heads)
     for r in both.itertuples():
-        cell = (f"{r.workload} {fmt_ctx(int(r.context_tokens))}"
-                + (f" c{int(r.concurrency)}" if r.workload not in ("prefill", "latency") else ""))
+        kind = workloads.get(r.workload)
+        cell = f"{r.workload} {fmt.ctx(int(r.context_tokens))}" + ("" if kind.one_at_a_time
+                                                                    else f" c{int(r.concurrency)}")
         vals = [str(r.server_id), cell]
-        for col, _, fmt in FIGURES:
+        for col, _, show in FIGURES:
             va, vb = getattr(r, f"{col}_a"), getattr(r, f"{col}_b")
             sa, sb = r.status_a, r.status_b
-            vals += [fmt(va) if sa == "valid" else STATUS_LABEL.get(sa, sa),
-                     fmt(vb) if sb == "valid" else STATUS_LABEL.get(sb, sb),
-                     _delta(va, vb) if sa == sb == "valid" else "—"]
-        lines.append("| " + " | ".join(vals) + " |")
-    return "\n".join(lines)
+            vals += [show(va) if sa == "valid" else fmt.status(sa), show(vb) if sb == "valid" else fmt.status(sb),
+                     fmt.delta(va, vb) if sa == sb == "valid" else "—"]
+        t.add(*vals)
+    return t
 
 
 def chart(both: pd.DataFrame, label_a: str, label_b: str) -> alt.Chart:
@@ -96,14 +97,15 @@ def chart(both: pd.DataFrame, label_a: str, label_b: str) -> alt.Chart:
 
 def compare(run_a: str, run_b: str, out_dir: str | None = None, match: str = "server",
             server_a: str | None = None, server_b: str | None = None) -> str:
-    """The comparison table (markdown); with ``out_dir`` also compare.md and the chart (HTML + PNG)."""
-    from . import atomic, charts
-
+    """The comparison table (markdown); with ``out_dir`` also compare.md, compare.html and the chart."""
     both = matched(load_matrix(run_a), load_matrix(run_b), match, server_a, server_b)
-    text = "# Comparison\n\n" + table(both, str(run_a), str(run_b)) + "\n"
+    doc = [Heading(1, "Comparison"),
+           Para(f"A = {run_a}; B = {run_b}. Δ is B against A (for TTFT, negative is faster)."), table(both)]
     if out_dir:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        charts.save(chart(both, "A", "B"), out / "compare.html", out / "compare.png")
-        atomic.write_bytes(out / "compare.md", (text + "\n![Output tok/s](compare.png)\n").encode())
-    return text
+        charts.save_chart(chart(both, "A", "B"), out / "compare.html", out / "compare.png")
+        page = [*doc, Image("Output tok/s", "compare.png")]
+        atomic.write_bytes(out / "compare.md", markdown(page).encode())
+        atomic.write_bytes(out / "compare-report.html", html_page(page, "Comparison").encode())
+    return markdown(doc)

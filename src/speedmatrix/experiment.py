@@ -10,11 +10,17 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
+
+from . import workloads as sm_workloads
+from .errors import ConfigError
+from .models import PRESETS
+from .workloads import Cell
 
 SERVER_KEYS = ("model", "served_model_name", "host", "port", "args", "env", "speculative", "startup_timeout_s",
                "api_key_env", "workloads")
@@ -23,16 +29,9 @@ DEFAULT_STARTUP_TIMEOUT_S = 900.0
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
-class ConfigError(ValueError):
-    """Bad input: the message names the file and the key, and says what to do."""
-
-
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "config" / "schemas"
-
-
 def schema_path(name: str) -> Path:
-    """The JSON schemas live in the workflow's config/schemas (the package is installed editable from it)."""
-    return SCHEMA_DIR / f"{name}.schema.yaml"
+    """A JSON schema shipped in the package (data/schemas; the workflow's config/schemas links to it)."""
+    return Path(str(resources.files("speedmatrix") / "data" / "schemas" / f"{name}.schema.yaml"))
 
 
 def _key_path(path) -> str:
@@ -117,63 +116,10 @@ class ServerConfig:
         return int(self.speculative["num_speculative_tokens"]) if self.speculative else 0
 
 
-WORKLOADS = ("prefill", "latency", "capacity", "prefix_cache", "decode")
-# a cell id: <workload>-ctx<N>[-c<M>][-share<P>][-<corpus>]; rules/common.smk constrains the wildcard to it
-CELL_KEY_PATTERN = r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code)?(-rep[0-9]+)?"
-CELL_ID_PATTERN = r"(prefill|latency|capacity|prefix_cache|decode)-" + CELL_KEY_PATTERN
-
-
-def _share_label(fraction: float) -> str:
-    """0.875 -> '87.5', 0.25 -> '25' (percent, no trailing zeros)."""
-    return f"{fraction * 100:.4f}".rstrip("0").rstrip(".")
-
-
-@dataclass(frozen=True)
-class Cell:
-    server_id: str
-    workload: str
-    context_tokens: int
-    concurrency: int
-    max_tokens: int
-    duration_s: float | None = None
-    requests: int = 1  # prefill, capacity, latency, prefix_cache: how many requests the cell sends
-    shared_prefix: float | None = None  # prefix_cache: fraction of the context shared by every request
-    corpus: str = "prose"  # the repository text prompts are cut from (corpus.KINDS)
-    repeat: int = 1  # the k-th measurement of the same cell (decode repeats: the run-to-run spread)
-
-    @property
-    def id(self) -> str:
-        out = f"{self.workload}-ctx{self.context_tokens}"
-        if self.workload not in ("prefill", "latency"):
-            out += f"-c{self.concurrency}"
-        if self.shared_prefix is not None:
-            out += f"-share{_share_label(self.shared_prefix)}"
-        if self.corpus != "prose":
-            out += f"-{self.corpus}"
-        if self.repeat > 1:
-            out += f"-rep{self.repeat}"
-        return out
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "server_id": self.server_id,
-            "cell_id": self.id,
-            "workload": self.workload,
-            "context_tokens": self.context_tokens,
-            "concurrency": self.concurrency,
-            "max_tokens": self.max_tokens,
-            "duration_s": self.duration_s,
-            "requests": self.requests,
-            "shared_prefix": self.shared_prefix,
-            "corpus": self.corpus,
-            "repeat": self.repeat,
-        }
-
-
 def workload_blocks(workloads: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """Each workload is one block or a list of blocks (e.g. decode on prose and on code)."""
+    """Each workload is one block or a list of blocks (e.g. decode on prose and on code), in report order."""
     out = []
-    for kind in WORKLOADS:
+    for kind in sm_workloads.names():
         blocks = workloads.get(kind)
         if blocks is None:
             continue
@@ -182,25 +128,8 @@ def workload_blocks(workloads: dict[str, Any]) -> list[tuple[str, dict[str, Any]
     return out
 
 
-def expand_block(server_id: str, kind: str, b: dict[str, Any]) -> list[Cell]:
-    corpus = b.get("corpus", "prose")
-    if kind == "prefill":
-        return [Cell(server_id, kind, ctx, 1, 1, requests=b.get("repeats", 3), corpus=corpus)
-                for ctx in b["contexts"]]
-    if kind == "latency":
-        return [Cell(server_id, kind, ctx, 1, b["max_tokens"], requests=b["requests"], corpus=corpus)
-                for ctx in b["contexts"]]
-    if kind == "capacity":
-        return [Cell(server_id, kind, ctx, c, b["max_tokens"], requests=b["requests"], corpus=corpus)
-                for ctx in b["contexts"] for c in b["concurrency"]]
-    if kind == "prefix_cache":
-        return [Cell(server_id, kind, ctx, c, b["max_tokens"], requests=b["requests"], shared_prefix=float(share),
-                     corpus=corpus)
-                for share in b["shared_prefix"] for ctx in b["contexts"] for c in b["concurrency"]]
-    if kind == "decode":
-        return [Cell(server_id, kind, ctx, c, b["max_tokens"], float(b["duration_s"]), corpus=corpus, repeat=k)
-                for ctx in b["contexts"] for c in b["concurrency"] for k in range(1, b.get("repeats", 1) + 1)]
-    raise ValueError(f"unknown workload {kind!r}")
+def expand_block(server_id: str, kind: str, block: dict[str, Any]) -> list[Cell]:
+    return sm_workloads.get(kind).expand(server_id, block)
 
 
 @dataclass
@@ -298,7 +227,7 @@ def server_entries(raw: dict[str, Any]) -> list[tuple[str, dict[str, Any], str, 
             base["workloads"] = sweep["workloads"]
         for point in _vary_points(sweep["vary"]):
             cfg = copy.deepcopy(base)
-            for path, _label_, value in point:
+            for path, _, value in point:
                 _set_path(cfg, path, value)
             sid = "-".join([sweep["id"]] + [label for _p, label, _v in point])
             info = {"sweep": sweep["id"], "values": {p: {"label": lab, "value": v} for p, lab, v in point}}
@@ -338,7 +267,7 @@ def _check_references(exp: dict[str, Any], source: str) -> None:
             problems.append(f"{source}: key '{where}.workloads': server config {sid!r} has no workloads "
                             "(give top-level 'workloads' or its own)")
     blocks_seen = set()
-    for _sid, merged, where, _sweep in entries:
+    for _sid, merged, _where, _sweep in entries:
         workloads = merged.get("workloads", exp.get("workloads")) or {}
         key = id(workloads)
         if key in blocks_seen:
@@ -359,15 +288,14 @@ def _check_references(exp: dict[str, Any], source: str) -> None:
     for cid in exp.get("reference", {}).get("cells", []):
         if cid not in known:
             problems.append(f"{source}: key 'reference.cells': no cell {cid!r} in this experiment")
-        elif not cid.startswith("capacity-"):
-            problems.append(f"{source}: key 'reference.cells': {cid!r} is not a capacity cell (vllm bench serve "
-                            "sends N requests at a concurrency, output capped)")
+        elif not sm_workloads.get(cid.split("-ctx")[0]).reference:
+            kinds = [n for n in sm_workloads.names() if sm_workloads.get(n).reference]
+            problems.append(f"{source}: key 'reference.cells': {cid!r} is not a {'/'.join(kinds)} cell (vllm bench "
+                            "serve sends N requests at a concurrency, output capped)")
     client_cfg = exp.get("client", {})
     if client_cfg.get("api") == "chat" and client_cfg.get("prompt_format") == "token_ids":
         problems.append(f"{source}: key 'client.prompt_format': the chat API takes text prompts "
                         "(set prompt_format: text or api: completions)")
-    from .models import PRESETS
-
     for name, m in models.items():
         if "synthesize" in m and m["synthesize"] not in PRESETS:
             problems.append(

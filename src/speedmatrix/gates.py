@@ -22,6 +22,9 @@ from typing import Any
 import jsonschema
 import requests
 
+from . import atomic, client
+from .job import JobContext
+
 GATES = ("smoke", "structured_json", "tool_calls")
 
 SMOKE_PROMPT = "Reply with one short sentence: what is the capital of France?"
@@ -136,26 +139,17 @@ def run(gate: str, url: str, model: str, headers: dict[str, str], settings: dict
             "seconds": round(time.monotonic() - t0, 3)}
 
 
-def run_rule(experiment_name: str, experiments_dir: str, server_id: str, gate: str, launch_path: str,
-             lock_path: str, out_json: str, idle_timeout_s: float) -> dict[str, Any]:
+def run_rule(job: JobContext, gate: str, out_json: str) -> dict[str, Any]:
     """The gate rule: acquire the server config's server (starting it if needed), run the gate, write its verdict."""
-    from pathlib import Path
-
-    from . import atomic, cells, client, experiment, server
-
-    exp = experiment.load(experiment_name, experiments_dir)
-    launch = atomic.read_json(launch_path)
-    lock = atomic.read_json(lock_path)
-    cells.use_api_key(launch)
+    exp = job.experiment
+    job.use_api_key()
     settings = exp.raw.get("gates", {}).get(gate, {})
-    results_root = Path(launch_path).resolve().parents[3]
-    with server.acquire(results_root, exp.name, server_id, launch, idle_timeout_s) as info:
-        print(f"gate {gate} on {server_id} at {info['url']} with {settings}")
-        verdict = run(gate, info["url"], launch["served_model_name"], client.auth_headers(), settings,
+    with job.server() as info:
+        print(f"gate {gate} on {job.server_id} at {info['url']} with {settings}")
+        verdict = run(gate, info["url"], job.launch["served_model_name"], client.auth_headers(), settings,
                       exp.client.get("chat_template_kwargs"))
         startup = info["startup"]
-    doc = {"experiment": exp.name, "server_id": server_id, **verdict,
-           "provenance": cells.provenance(startup, lock, launch)}
+    doc = {"experiment": exp.name, "server_id": job.server_id, **verdict, "provenance": job.provenance(startup)}
     atomic.write_json(out_json, doc)
     print(f"gate {gate}: {'passed' if verdict['passed'] else 'FAILED: ' + str(verdict.get('reason'))}")
     return doc

@@ -17,8 +17,9 @@ records) fold to a repeating unit without being a loop.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 DEFAULTS = {
     "looped_min_repeats": 4,

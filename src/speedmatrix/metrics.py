@@ -83,7 +83,8 @@ def snapshot(samples: dict[Sample, float]) -> dict[str, float | None]:
 
 
 # what delta() derives: the counter fields of a cell's result
-DELTA_KEYS = ("server_generation_tokens", "server_prompt_tokens", "server_requests_finished", "preemptions", "spec_decode_acceptance_rate",
+DELTA_KEYS = ("server_generation_tokens", "server_prompt_tokens", "server_requests_finished", "preemptions",
+              "spec_decode_acceptance_rate",
               "spec_decode_acceptance_length", "prefix_cache_hit_rate", "prefix_cache_queries", "prefix_cache_hits",
               "spec_decode_per_position_acceptance")
 

@@ -34,7 +34,8 @@ from typing import Any
 # NVLink multicast stays off (the lent machines' rule; it can take a shared host's GPUs down)
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 P2P_TYPE_RE = re.compile(r"isAllDirectP2p (\d+)(?: directMode (\d+))? isAllCudaP2p (\d+)")
-CHANNEL_RE = re.compile(r"Channel (\d+)(?:/\d+)? : (\d+)\[[^\]]*\] -> (\d+)\[[^\]]*\](?: \[(?:send|receive)\])? via (\S+)")
+CHANNEL_RE = re.compile(r"Channel (\d+)(?:/\d+)? : (\d+)\[[^\]]*\] -> (\d+)\[[^\]]*\]"
+                        r"(?: \[(?:send|receive)\])? via (\S+)")
 VERSION_RE = re.compile(r"NCCL version (\S+)")
 ADVICE = ("CUDA peer-to-peer is not available between these GPUs, so NCCL would bounce every all-reduce through "
           "host memory. On AMD hosts seed 000 needed kernel parameters (GRUB: amd_iommu=on iommu=pt) and the "

@@ -26,6 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import atomic, cells
+from .client import API_KEY_ENV
+from .errors import ConfigError
+from .job import JobContext
+
 FIELDS = ("completed", "total_output_tokens", "output_throughput", "median_ttft_ms", "mean_ttft_ms",
           "median_itl_ms", "total_input_tokens", "duration")
 
@@ -40,8 +45,6 @@ def vllm_bench_argv(url: str, model: str, tokenizer: str, context: int, max_toke
 
 
 def run_vllm_bench(argv: list[str]) -> dict[str, Any]:
-    from .client import API_KEY_ENV
-
     out = Path(argv[argv.index("--out") + 1])
     env = dict(os.environ)
     if env.get(API_KEY_ENV):
@@ -65,25 +68,21 @@ def _median(rounds: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def run_rule(experiment_name: str, experiments_dir: str, server_id: str, cell_id: str, launch_path: str,
-             lock_path: str, out_json: str, idle_timeout_s: float) -> dict[str, Any]:
-    from . import atomic, cells, client, experiment, server
-
-    exp = experiment.load(experiment_name, experiments_dir)
-    cell = exp.cell(server_id, cell_id)
-    if cell.workload != "capacity":
-        raise ValueError(f"{exp.path}: key 'reference.cells': {cell_id} is a {cell.workload} cell; the "
-                         "comparison with vllm bench serve takes capacity cells (N requests at c, output capped)")
+def run_rule(job: JobContext, cell_id: str, out_json: str) -> dict[str, Any]:
+    """The reference rule: one cell measured by speedmatrix and by `vllm bench serve`, alternately, on the
+    same server."""
+    exp, launch = job.experiment, job.launch
+    cell = exp.cell(job.server_id, cell_id)
+    if not cell.kind.reference:
+        raise ConfigError(f"{exp.path}: key 'reference.cells': {cell_id} is a {cell.workload} cell; the "
+                          "comparison with vllm bench serve takes cells of N requests at c, output capped")
     settings = exp.raw.get("reference", {})
     rounds = int(settings.get("rounds", 2))
-    launch = atomic.read_json(launch_path)
-    lock = atomic.read_json(lock_path)
-    cells.use_api_key(launch)
+    job.use_api_key()
     client_cfg = {**exp.client, "ignore_eos": True}  # vllm bench serve --ignore-eos: the same output lengths
     tokenizer = settings.get("tokenizer", launch["model_dir"])
-    results_root = Path(launch_path).resolve().parents[3]
     ours, theirs = [], []
-    with server.acquire(results_root, exp.name, server_id, launch, idle_timeout_s) as info:
+    with job.server() as info:
         url = info["url"]
         with tempfile.TemporaryDirectory() as tmp:
             for k in range(rounds):
@@ -107,9 +106,9 @@ def run_rule(experiment_name: str, experiments_dir: str, server_id: str, cell_id
     for key in ("output_throughput", "median_ttft_ms", "median_itl_ms"):
         a, b = med["speedmatrix"][key], med["vllm_bench_serve"][key]
         diff[key] = None if a is None or not b else round(100.0 * (a / b - 1), 2)
-    doc = {"experiment": exp.name, "server_id": server_id, "cell": cell.as_dict(), "rounds": rounds,
+    doc = {"experiment": exp.name, "server_id": job.server_id, "cell": cell.as_dict(), "rounds": rounds,
            "speedmatrix": ours, "vllm_bench_serve": theirs, "medians": med, "difference_pct": diff,
-           "client": client_cfg, "provenance": cells.provenance(startup, lock, launch)}
+           "client": client_cfg, "provenance": job.provenance(startup)}
     atomic.write_json(out_json, doc)
     print(f"agreement ({rounds} rounds each, medians): speedmatrix vs vllm bench serve {diff}")
     return doc

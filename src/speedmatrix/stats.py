@@ -8,7 +8,8 @@ Key names follow ``vllm bench serve`` where the quantity is the same
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 

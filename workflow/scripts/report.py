@@ -1,9 +1,10 @@
 """Rule report: charts (HTML + PNG) and report.md / report.html."""
 
-from speedmatrix import logs, report
+from speedmatrix import logs
+from speedmatrix.report import document
 
 with logs.to_file(snakemake.log[0]):
-    report.build(
+    document.build(
         experiment_name=snakemake.params.experiment,
         experiments_dir=snakemake.params.experiments_dir,
         matrix_path=snakemake.input.matrix,

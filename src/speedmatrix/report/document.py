@@ -1,0 +1,129 @@
+"""A run's report: the blocks of the whole document, then report.md and report.html from the same blocks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .. import atomic, charts, experiment, workloads
+from . import sections
+from .table import Block, Bullets, Heading, Image, Para, html_page, markdown
+
+
+def _section(title: str, intro: str, body: Any, level: int = 2) -> list[Block]:
+    """A heading, an intro paragraph, and a table or blocks; nothing when the body is empty."""
+    if body is None:
+        return []
+    body = body if isinstance(body, list) else [body]
+    return [Heading(level, title), *([Para(intro)] if intro else []), *body]
+
+
+def server_section(sid: str, m: pd.DataFrame) -> list[Block]:
+    """One server config: each workload kind's own table in report order, then all its measurements."""
+    out: list[Block] = [Heading(2, f"Server config `{sid}`")]
+    for name in workloads.names():
+        rows = m[m["workload"] == name]
+        if rows.empty:
+            continue
+        kind = workloads.get(name)
+        table = kind.report_table(rows)
+        if table is None:
+            continue
+        out += [Heading(3, kind.title), *([Para(kind.blurb)] if kind.blurb else []), table]
+        if kind.footnote:
+            out.append(Para(kind.footnote))
+    out += [Heading(3, "All measurements"),
+            Para("Latencies are medians. Total tok/s is output across all simultaneous requests."),
+            sections.full_table(m)]
+    return out
+
+
+def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str, Any], chart_links: dict[str, str],
+           experiment_name: str, description: str = "", loop_settings: dict[str, Any] | None = None,
+           sweeps: list[tuple[dict[str, Any], list[Any]]] | None = None, gates: list[dict[str, Any]] | None = None,
+           models_lock: dict[str, Any] | None = None,
+           references: list[dict[str, Any]] | None = None) -> list[Block]:
+    out: list[Block] = [Heading(1, experiment_name)]
+    if description:
+        out.append(Para(" ".join(description.split())))
+    out += [Bullets(sections.runtime_lines(lock, models_lock)), Heading(2, "Servers"),
+            sections.servers_table(matrix, startups)]
+    if gates:
+        out += _section("Quality gates", "Smoke (a short answer that ends by itself), structured JSON (an answer "
+                        "under a JSON schema) and tool calls (every request calls the offered tool with valid "
+                        "arguments), against each server config. A failed gate is shown here, never dropped.",
+                        sections.gates_table(gates))
+    for sweep, servers in sweeps or []:
+        vary = "; ".join(f"`{k}` over {', '.join(map(str, (v if isinstance(v, list) else list(v))))}"
+                         for k, v in sweep["vary"].items())
+        out += _section(sweep.get("title") or f"Sweep {sweep['id']}", f"Sweep `{sweep['id']}`: {vary}.",
+                        sections.sweep_tables(matrix, servers))
+    synthesized = [n for n, m in ((models_lock or {}).get("models") or {}).items() if m.get("source") == "synthesize"]
+    if synthesized:
+        out.append(Para(f"Models with random weights ({', '.join(synthesized)}): the serving speed of their shape "
+                        "is real; their output, quality gates and speculative acceptance mean nothing."))
+    out += _section("Run-to-run spread", "The same cell measured again (`repeats`), each run a new set of requests "
+                    "on the same server.", sections.spread_table(matrix))
+    if references:
+        out += _section("Agreement with vllm bench serve", "The same shape measured on the same server by "
+                        "speedmatrix and by vLLM's own client (`vllm bench serve`, random dataset, --ignore-eos, "
+                        "greedy), alternately; medians of the rounds, Δ = speedmatrix against vLLM's.",
+                        sections.reference_table(references))
+    out += _section("Roofline (decode, one request)", "Each decode step at concurrency 1 reads every weight once: "
+                    "a token takes at least the weights on a GPU (vLLM's \"Model loading took\") over the GPU's peak "
+                    "memory bandwidth (src/speedmatrix/data/gpu_peaks.yaml). The last column is that bound as a "
+                    "share of the measured median time between tokens.", sections.roofline_table(matrix))
+    out += _section("GPU telemetry", "NVML, sampled every 0.2 s during each cell's requests only; power and PCIe "
+                    "summed over the server's GPUs, utilisation and clocks averaged.", sections.gpu_table(matrix))
+    out += _section("Per GPU", "Each GPU of the tensor-parallel server, per cell (means over the cell's window; "
+                    "PCIe from NVML's 20 ms throughput samples). NVML's NVLink data counters are recorded "
+                    "(`gpu_nvlink_*`, `gpu_per_gpu` in matrix.parquet) but not shown: on two H200s their rates "
+                    "exceeded the links' bandwidth, so their unit or meaning is not settled (docs/gpu.md). Cells "
+                    "shorter than a second (prefill) have too few samples for these means.",
+                    sections.per_gpu_table(matrix), level=3)
+    out += [Heading(2, "Loops"), Para(sections.loop_policy_text(matrix, loop_settings or {}))]
+    for sid in sorted(matrix["server_id"].unique()):
+        out += server_section(sid, matrix[matrix["server_id"] == sid])
+    if chart_links:
+        out.append(Heading(2, "Charts"))
+        out += [Image(title, png) for title, png in chart_links.items()]
+    return out
+
+
+def render(*args: Any, **kw: Any) -> str:
+    """The report as markdown (arguments as :func:`blocks`)."""
+    return markdown(blocks(*args, **kw))
+
+
+def write(path_md: str | Path, path_html: str | Path, doc: list[Block], title: str) -> None:
+    atomic.write_bytes(path_md, markdown(doc).encode())
+    atomic.write_bytes(path_html, html_page(doc, title).encode())
+
+
+def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_path: str, launch_paths: list[str],
+          out: dict[str, str], gate_paths: list[str] = (), models_lock_path: str | None = None,
+          reference_paths: list[str] = (), loop_settings: dict[str, Any] | None = None) -> None:
+    """The report rule: the charts (HTML + PNG), report.md and report.html.
+
+    ``loop_settings`` replaces the experiment's ``loops:`` in the text (a re-derivation under
+    another policy: bench/gpu_run.py rederive)."""
+    exp = experiment.load(experiment_name, experiments_dir)
+    matrix = pd.read_parquet(matrix_path)
+    lock = atomic.read_json(lock_path)
+    startups = [atomic.read_json(Path(p).parent / "startup.json") for p in launch_paths
+                if (Path(p).parent / "startup.json").exists()]
+    chart_links = {}
+    for chart in charts.CHARTS:
+        drawn = chart.save(matrix, out[f"{chart.name}_html"], out[f"{chart.name}_png"])
+        if drawn:
+            chart_links[chart.title] = str(Path(out[f"{chart.name}_png"]).relative_to(Path(out["md"]).parent))
+    sweeps = [(sw, [s for s in exp.servers if s.sweep == sw["id"]]) for sw in exp.sweeps]
+    gates = [atomic.read_json(p) for p in gate_paths]
+    models_lock = atomic.read_json(models_lock_path) if models_lock_path else None
+    references = [atomic.read_json(p) for p in reference_paths]
+    doc = blocks(matrix, startups, lock, chart_links, exp.name, exp.raw.get("description", ""),
+                 exp.loops if loop_settings is None else loop_settings, sweeps, gates, models_lock, references)
+    write(out["md"], out["html"], doc, exp.name)
+    print(f"report: {out['md']}")

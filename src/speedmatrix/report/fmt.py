@@ -1,0 +1,64 @@
+"""Numbers, contexts and statuses as the report prints them. Imports nothing of speedmatrix."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# A cell's status as a reader sees it; matrix.parquet keeps the key.
+STATUS_LABEL = {"valid": "Valid", "looped": "Looped", "over_capacity": "Over capacity", "error": "Error"}
+
+
+def missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def status(s: Any) -> str:
+    return STATUS_LABEL.get(s, str(s))
+
+
+def num(v: Any) -> str:
+    """Like the seeds: 31.5K, 6,473.0, 95.7."""
+    if missing(v):
+        return "—"
+    v = float(v)
+    if abs(v) >= 10_000:
+        return f"{v / 1000:.1f}K"
+    return f"{v:,.1f}"
+
+
+def ms(v: Any) -> str:
+    return "—" if missing(v) else f"{float(v):,.0f} ms" if float(v) >= 100 else f"{float(v):,.1f} ms"
+
+
+def ctx(tokens: int) -> str:
+    return f"{tokens // 1024}K" if tokens >= 1024 and tokens % 1024 == 0 else str(tokens)
+
+
+def whole(v: Any, fmt: str = "{:,.0f}") -> str:
+    return "—" if missing(v) else fmt.format(float(v))
+
+
+def integer(v: Any) -> str:
+    return "—" if missing(v) else f"{int(v):,}"
+
+
+def pct(v: Any) -> str:
+    """A fraction as a percentage: 0.766 -> 76.6%."""
+    return "—" if missing(v) else f"{float(v):.1%}"
+
+
+def share(fraction: Any) -> str:
+    """A shared-prefix ratio: 0.875 -> 87.5%, 0.25 -> 25%."""
+    return f"{float(fraction):.1%}".replace(".0%", "%")
+
+
+def delta(a: Any, b: Any) -> str:
+    """b against a, as a percentage (seed 003: "35.7% faster")."""
+    if missing(a) or missing(b) or float(a) == 0:
+        return "—"
+    return f"{(float(b) / float(a) - 1):+.1%}"
+
+
+def seconds(v: Any) -> str:
+    return "—" if missing(v) else f"{float(v):.1f} s"

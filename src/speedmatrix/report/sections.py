@@ -1,0 +1,303 @@
+"""The report's tables that are not one workload's own: servers, sweeps, spread, GPU, roofline, agreement, gates,
+all measurements. Each returns a :class:`Table` (or ``None`` where it has nothing to show)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+
+from .. import workloads
+from . import fmt
+from .table import Para, Table
+
+
+def by_phase(m: pd.DataFrame, *then: str) -> pd.DataFrame:
+    """Rows in the workloads' order (prefill, latency, decode, capacity, prefix cache); then by ``then``."""
+    return m.assign(_o=m["workload"].map(workloads.order_of)).sort_values(["_o", *then], kind="stable")
+
+
+def rows_with(m: pd.DataFrame, column: str) -> pd.DataFrame:
+    """The rows where ``column`` has a value (none when the matrix lacks the column: an older run)."""
+    return m[m[column].notna()] if column in m else m.iloc[0:0]
+
+
+def servers_table(matrix: pd.DataFrame, startups: list[dict[str, Any]]) -> Table:
+    t = Table(["Server config", "Spec tokens", "Start-up", "KV cache (tokens)", "Max concurrency at max-model-len",
+               "vLLM"])
+    spec_by_server = matrix.groupby("server_id")["spec_tokens"].first().to_dict()
+    for s in startups:
+        mc = s.get("max_concurrency")
+        t.add(s["server_id"], spec_by_server.get(s["server_id"], "—"), f"{s.get('startup_seconds', 0):.1f} s",
+              fmt.integer(s.get("kv_cache_size_tokens")), "—" if mc is None else f"{mc:.2f}x", s.get("vllm_version"))
+    return t
+
+
+def full_table(m: pd.DataFrame) -> Table:
+    """Every cell of one server config, seed 002's full measurements table."""
+    t = Table(["Phase", "Context", "Requests at once", "Status", "Total tok/s", "Per request tok/s", "TTFT",
+               "Time between tokens", "Average active requests", "Completed requests", "Output tokens",
+               "Measured for", "Loop fraction", "Total tok/s without looping requests"])
+    for r in by_phase(m, "context_tokens", "concurrency").itertuples():
+        kind = workloads.get(r.workload)
+        measured = r.status != "over_capacity"
+
+        def shown(text: str, measured: bool = measured) -> str:
+            return text if measured else "—"
+
+        t.add(kind.phase(r), fmt.ctx(int(r.context_tokens)), int(r.concurrency), fmt.status(r.status),
+              shown(fmt.num(getattr(r, kind.headline_tok_s))), shown(fmt.num(r.per_request_tok_s)),
+              shown(fmt.ms(r.ttft_ms)), shown(fmt.ms(r.itl_ms)), shown(fmt.num(r.avg_active_requests)),
+              shown(fmt.integer(r.completed_requests)), shown(fmt.integer(r.output_tokens)),
+              shown(fmt.seconds(r.measured_s)),
+              "—" if fmt.missing(r.loop_fraction) else f"{float(r.loop_fraction):.0%}",
+              fmt.num(r.total_tok_s_non_looping) if measured and kind.headline_tok_s == "total_tok_s" else "—")
+    return t
+
+
+_VARY_HEADERS = {"speculative.num_speculative_tokens": "Spec tokens", "args.max-num-seqs": "max-num-seqs",
+                 "args.max-num-batched-tokens": "batch", "env.VLLM_USE_V2_MODEL_RUNNER": "Runner", "model": "Model"}
+
+
+def _vary_header(path: str) -> str:
+    return _VARY_HEADERS.get(path, path.split(".")[-1])
+
+
+def _label(cell: Any) -> str:
+    return workloads.get(cell.workload).cell_label(cell)
+
+
+def sweep_tables(m: pd.DataFrame, servers: list[Any]) -> list[Table | Para]:
+    """One row per point of a sweep (seed 000's sweep tables; seed 003's matched comparison).
+
+    One cell per config: tok/s, mean TTFT and (with speculation) acceptance, as seed 000's
+    speculative and max-num-seqs tables. Only one-at-a-time cells: TTFT per input size and tok/s
+    (seed 000's batched-tokens table). Otherwise: output tok/s per cell and the p95 TTFT of the
+    largest, then each column's change against the first row (seed 003).
+    """
+    rows = [s for s in servers if (m["server_id"] == s.id).any()]
+    if not rows:
+        return [Para("(no measurements)")]
+    paths = list(rows[0].sweep_values)
+    heads = [_vary_header(pth) for pth in paths]
+    valid = m[m["status"] != "over_capacity"]
+    first = m[m["server_id"] == rows[0].id].sort_values(["workload", "context_tokens", "concurrency"])
+    cells = list(first.itertuples())
+    spec = any(s.spec_tokens for s in rows)
+
+    def point(s: Any) -> list[str]:
+        return [str(s.sweep_values[pth]["label"]) for pth in paths]
+
+    def pick(sid: str, c: Any) -> Any:
+        r = valid[(valid["server_id"] == sid) & (valid["cell_id"] == c.cell_id)]
+        return None if r.empty else r.iloc[0]
+
+    def status_or(r: Any, text: str) -> str:
+        if r is None:
+            return "Over capacity"
+        return text if r["status"] == "valid" else fmt.status(r["status"])
+
+    def value(r: Any, key: str, how=fmt.ms) -> str:
+        return "—" if r is None else how(r[key])
+
+    if len(cells) == 1:
+        c = cells[0]
+        cols = ["tok/s", "Mean TTFT", "Median TTFT"] + (["Acceptance rate", "Accept length"] if spec else [])
+        t = Table(heads + cols + [f"tok/s vs {'/'.join(point(rows[0]))}"])
+        base = pick(rows[0].id, c)
+        for s in rows:
+            r = pick(s.id, c)
+            tok = None if r is None else r["total_tok_s"]
+            vals = [status_or(r, fmt.num(tok)), value(r, "mean_ttft_ms"), value(r, "ttft_ms")]
+            if spec:
+                vals += [value(r, "spec_acceptance_rate", fmt.pct),
+                         value(r, "spec_acceptance_length", lambda v: fmt.whole(v, "{:.2f}"))]
+            vals.append(fmt.delta(None if base is None else base["total_tok_s"], tok))
+            t.add(*point(s), *vals)
+        return [t]
+    if all(workloads.get(c.workload).one_at_a_time for c in cells):
+        cols = [f"{_label(c)} TTFT" for c in cells] + ["tok/s"] + (["Acceptance rate"] if spec else [])
+        t = Table(heads + cols)
+        for s in rows:
+            rs = [pick(s.id, c) for c in cells]
+            vals = [status_or(r, fmt.ms(r["ttft_ms"]) if r is not None else "") for r in rs]
+            tok = [r["per_request_tok_s"] for r in rs if r is not None and not fmt.missing(r["per_request_tok_s"])]
+            vals.append(fmt.num(sum(tok) / len(tok)) if tok else "—")
+            if spec:
+                acc = [r["spec_acceptance_rate"] for r in rs
+                       if r is not None and not fmt.missing(r["spec_acceptance_rate"])]
+                vals.append(fmt.pct(sum(acc) / len(acc)) if acc else "—")
+            t.add(*point(s), *vals)
+        return [t]
+    # capacity-shaped: throughput per cell, the largest cell's p95 TTFT, then the changes against the first row
+    last = max(cells, key=lambda c: (c.concurrency, c.context_tokens))
+    cols = [_label(c) for c in cells] + [f"{_label(last)} p95 TTFT"]
+    t = Table(heads + cols)
+    picked = {}
+    for s in rows:
+        rs = [pick(s.id, c) for c in cells]
+        picked[s.id] = rs
+        vals = [status_or(r, fmt.num(r["total_tok_s"]) if r is not None else "") for r in rs]
+        t.add(*point(s), *vals, value(pick(s.id, last), "p95_ttft_ms"))
+    changes = Table(heads + cols)
+    for s in rows:
+        vals = [fmt.delta(None if a is None else a["total_tok_s"], None if b is None else b["total_tok_s"])
+                for a, b in zip(picked[rows[0].id], picked[s.id], strict=True)]
+        a, b = pick(rows[0].id, last), pick(s.id, last)
+        vals.append(fmt.delta(None if a is None else a["p95_ttft_ms"], None if b is None else b["p95_ttft_ms"]))
+        changes.add(*point(s), *vals)
+    ref = "/".join(point(rows[0]))
+    return [t, Para(f"Change against {ref} (output tok/s; p95 TTFT: lower is better):"), changes]
+
+
+def spread_table(m: pd.DataFrame) -> Table | None:
+    """Cells measured several times (``repeats``): each measurement and the spread."""
+    d = m[m["status"] == "valid"]
+    same_cell = ["server_id", "workload", "context_tokens", "concurrency", "corpus", "shared_prefix"]
+    groups = [g for _, g in d.groupby(same_cell, dropna=False) if len(g) > 1]
+    if not groups:
+        return None
+    t = Table(["Server config", "Context", "Requests at once", "Corpus", "Runs", "Total tok/s (each run)", "Mean",
+               "Spread (max-min)/mean", "Median TTFT (each run)"])
+    for g in groups:
+        g = g.sort_values("repeat")
+        tok = g["total_tok_s"].astype(float)
+        spread = (tok.max() - tok.min()) / tok.mean() if tok.mean() else float("nan")
+        t.add(g.server_id.iloc[0], fmt.ctx(int(g.context_tokens.iloc[0])), int(g.concurrency.iloc[0]),
+              g.corpus.iloc[0], len(g), ", ".join(fmt.num(v) for v in tok), fmt.num(tok.mean()), f"{spread:.1%}",
+              ", ".join(fmt.ms(v) for v in g.ttft_ms))
+    return t
+
+
+def gpu_table(m: pd.DataFrame) -> Table | None:
+    """NVML telemetry over each cell's measurement window."""
+    d = rows_with(m, "gpu_name")
+    if d.empty:
+        return None
+    t = Table(["Phase", "Context", "Requests at once", "Power (W)", "Energy / output token (J)", "SM util",
+               "Mem util", "SM clock (MHz)", "Mem clock (MHz)", "PCIe rx / tx (MB/s)", "Max temp (°C)"])
+    f = fmt.whole
+    for r in by_phase(d, "context_tokens", "concurrency", "repeat").itertuples():
+        t.add(r.workload, fmt.ctx(int(r.context_tokens)), int(r.concurrency), f(r.gpu_power_w),
+              f(r.gpu_energy_per_output_token_j, "{:.3f}"), f"{f(r.gpu_sm_util_pct)} %", f"{f(r.gpu_mem_util_pct)} %",
+              f(r.gpu_sm_clock_mhz), f(r.gpu_mem_clock_mhz), f"{f(r.gpu_pcie_rx_mb_s)} / {f(r.gpu_pcie_tx_mb_s)}",
+              f(r.gpu_temp_c_max))
+    return t
+
+
+def per_gpu_table(m: pd.DataFrame) -> Table | None:
+    """Several GPUs (tensor parallel): each GPU's power, SM utilisation and PCIe traffic per cell, like seed
+    000's per-phase table."""
+    d = rows_with(m, "gpu_count")
+    d = d[d["gpu_count"] > 1]
+    if d.empty:
+        return None
+    n = int(d["gpu_count"].max())
+    heads = ["Phase", "Context", "Requests at once"]
+    for g in range(n):
+        heads += [f"GPU{g} power (W)", f"GPU{g} SM util", f"GPU{g} PCIe rx / tx (MB/s)"]
+    t = Table(heads)
+    f = fmt.whole
+    for r in by_phase(d, "context_tokens", "concurrency").itertuples():
+        per = json.loads(r.gpu_per_gpu) if isinstance(r.gpu_per_gpu, str) else []
+        vals = [r.workload, fmt.ctx(int(r.context_tokens)), str(int(r.concurrency))]
+        for g in range(n):
+            x = per[g] if g < len(per) else {}
+            vals += [f(x.get("power_w_mean")), f"{f(x.get('sm_util_pct_mean'))} %",
+                     f"{f(x.get('pcie_rx_mb_s_mean'))} / {f(x.get('pcie_tx_mb_s_mean'))}"]
+        t.add(*vals)
+    return t
+
+
+def roofline_table(m: pd.DataFrame) -> Table | None:
+    """Decode at concurrency 1: the memory-bandwidth bound per token against the measured time."""
+    d = rows_with(m, "roofline_pct")
+    if d.empty:
+        return None
+    t = Table(["Context", "Run", "Measured time between tokens", "Bound (weights / peak bandwidth)",
+               "Weights on a GPU", "Peak bandwidth", "Of the roofline"])
+    for r in d.sort_values(["context_tokens", "repeat"]).itertuples():
+        t.add(fmt.ctx(int(r.context_tokens)), int(r.repeat), fmt.ms(r.itl_ms), f"{float(r.roofline_bound_ms):.2f} ms",
+              f"{float(r.model_weights_gib):.1f} GiB", f"{float(r.roofline_peak_bw_tb_s):g} TB/s",
+              f"{float(r.roofline_pct):.1f} %")
+    return t
+
+
+def reference_table(refs: list[dict[str, Any]]) -> Table:
+    t = Table(["Server config", "Cell", "Rounds", "Output tok/s: speedmatrix / vllm bench serve", "Δ",
+               "Median TTFT", "Δ", "Median time between tokens", "Δ"])
+
+    def pct(v: Any) -> str:
+        return "—" if v is None else f"{v:+.1f} %"
+
+    for d in refs:
+        a, b, diff = d["medians"]["speedmatrix"], d["medians"]["vllm_bench_serve"], d["difference_pct"]
+        t.add(d["server_id"], d["cell"]["cell_id"], d["rounds"],
+              f"{fmt.num(a['output_throughput'])} / {fmt.num(b['output_throughput'])}", pct(diff["output_throughput"]),
+              f"{fmt.ms(a['median_ttft_ms'])} / {fmt.ms(b['median_ttft_ms'])}", pct(diff["median_ttft_ms"]),
+              f"{fmt.ms(a['median_itl_ms'])} / {fmt.ms(b['median_itl_ms'])}", pct(diff["median_itl_ms"]))
+    return t
+
+
+GATE_LABELS = {"smoke": "Smoke", "structured_json": "Structured JSON", "tool_calls": "Tool calls"}
+
+
+def gates_table(gates: list[dict[str, Any]]) -> Table:
+    """Seed 003's quality gates: one row per server config, PASS or FAIL with the reason."""
+    names = [g for g in GATE_LABELS if any(d["gate"] == g for d in gates)]
+    t = Table(["Server config", *(GATE_LABELS[g] for g in names)])
+    for sid in sorted({d["server_id"] for d in gates}):
+        vals = []
+        for g in names:
+            d = next((d for d in gates if d["server_id"] == sid and d["gate"] == g), None)
+            if d is None:
+                vals.append("—")
+                continue
+            text = "PASS" if d["passed"] else f"FAIL: {str(d.get('reason'))[:80]}"
+            if g == "tool_calls" and "valid" in d:
+                text += f" ({d['valid']}/{d['count']})" if d["passed"] else ""
+            vals.append(text.replace("|", "/"))
+        t.add(sid, *vals)
+    return t
+
+
+def loop_policy_text(m: pd.DataFrame, settings: dict[str, Any]) -> str:
+    policy = settings.get("policy", "any")
+    rule = {"any": "one looping request marks a cell Looped (seed 002's rule)",
+            "fraction": f"a cell is Looped when more than {float(settings.get('max_loop_fraction', 0.1)):.0%} of "
+                        "its requests loop",
+            "flag_only": "looping is reported and never changes a cell's status"}.get(policy, policy)
+    sent = m[m.status != "over_capacity"]
+    looped = int(sent.looped_requests.fillna(0).sum()) if "looped_requests" in sent else 0
+    total = int(sent.num_requests.fillna(0).sum())
+    unreliable = int((sent.spec_acceptance_reliable == False).sum())  # noqa: E712
+    text = (f"Loop policy `{policy}`: {rule}. {looped} of {total} measured requests looped "
+            f"({looped / total:.1%}) across {int((sent.loop_fraction.fillna(0) > 0).sum())} cells."
+            if total else f"Loop policy `{policy}`: {rule}.")
+    if unreliable:
+        text += (f" In {unreliable} cells with speculative decoding some output loops: their acceptance rate is "
+                 "marked unreliable (`spec_acceptance_reliable` false in matrix.parquet).")
+    return text
+
+
+def runtime_lines(lock: dict[str, Any], models_lock: dict[str, Any] | None) -> list[str]:
+    """The provenance of a run: its runtime (packages or image digest) and every model's pin."""
+    if lock.get("image_ref"):
+        out = [f"runtime: {lock.get('runtime')} image `{lock.get('image')}` pinned to `{lock.get('image_ref')}` "
+               f"(resolved {lock.get('pinned_at')})"]
+    elif lock.get("command"):
+        out = [f"runtime: `{' '.join(lock['command'])}` ({lock.get('vllm_version')})"]
+    else:
+        out = [
+            f"vLLM: {lock.get('vllm_distribution')} {lock.get('vllm_version')} · torch {lock.get('torch_version')}"
+            f" · Python {lock.get('python_version')} · {lock.get('platform')}",
+            f"runtime: `{lock.get('runtime_ref')}` (package set sha256 `{str(lock.get('packages_sha256'))[:16]}…`)",
+        ]
+    for name, m in ((models_lock or {}).get("models") or {}).items():
+        if m.get("source") == "huggingface":
+            pin = "" if m.get("pinned") else f" (from `{m.get('revision_requested')}`)"
+            out.append(f"model `{name}`: {m['repo']} at commit `{m['revision']}`{pin}, {len(m['files'])} files")
+        else:
+            out.append(f"model `{name}`: synthesized `{m.get('preset')}` ({m.get('weights', 'random weights')})")
+    return out

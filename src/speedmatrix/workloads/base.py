@@ -1,0 +1,217 @@
+"""One interface for every kind of cell, and the table of kinds.
+
+A workload kind (prefill, decode, ...) is a subclass of :class:`Workload`
+registered with :func:`register`. It says how its cells expand from an
+experiment's block, how a cell is measured against a running server, which
+matrix columns it adds, its report table, label and order. Everything else
+(cell ids, the workflow's rules, the report, the CLI) takes the list from
+:data:`REGISTRY`; a new kind is one module in this package plus its block
+in ``data/schemas/experiment.schema.yaml``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pandas as pd
+
+from ..report import fmt
+from ..report.table import Table
+
+if TYPE_CHECKING:  # types only: the client is imported where a cell runs
+    from ..client import RequestOptions, RequestRecord
+    from ..prompts import PromptSource
+
+# name -> the kind; filled by @register as each module of this package is imported
+REGISTRY: dict[str, Workload] = {}
+
+# the part of a cell id after its kind: ctx<N>[-c<M>][-share<P>][-<corpus>][-rep<K>]
+CELL_KEY_PATTERN = r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code)?(-rep[0-9]+)?"
+
+
+def _share_label(fraction: float) -> str:
+    """0.875 -> '87.5', 0.25 -> '25' (percent, no trailing zeros)."""
+    return f"{fraction * 100:.4f}".rstrip("0").rstrip(".")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What the client varies against a running server (a server config is everything that needs a restart)."""
+
+    server_id: str
+    workload: str
+    context_tokens: int
+    concurrency: int
+    max_tokens: int
+    duration_s: float | None = None
+    requests: int = 1  # prefill, capacity, latency, prefix_cache: how many requests the cell sends
+    shared_prefix: float | None = None  # prefix_cache: fraction of the context shared by every request
+    corpus: str = "prose"  # the repository text prompts are cut from (corpus.KINDS)
+    repeat: int = 1  # the k-th measurement of the same cell (repeats: the run-to-run spread)
+
+    @property
+    def kind(self) -> Workload:
+        return get(self.workload)
+
+    @property
+    def id(self) -> str:
+        out = f"{self.workload}-ctx{self.context_tokens}"
+        if not self.kind.one_at_a_time:
+            out += f"-c{self.concurrency}"
+        if self.shared_prefix is not None:
+            out += f"-share{_share_label(self.shared_prefix)}"
+        if self.corpus != "prose":
+            out += f"-{self.corpus}"
+        if self.repeat > 1:
+            out += f"-rep{self.repeat}"
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "server_id": self.server_id,
+            "cell_id": self.id,
+            "workload": self.workload,
+            "context_tokens": self.context_tokens,
+            "concurrency": self.concurrency,
+            "max_tokens": self.max_tokens,
+            "duration_s": self.duration_s,
+            "requests": self.requests,
+            "shared_prefix": self.shared_prefix,
+            "corpus": self.corpus,
+            "repeat": self.repeat,
+        }
+
+
+@dataclass
+class CellRun:
+    """Everything a workload needs to measure one cell against a running server (speedmatrix.cells)."""
+
+    cell: Cell
+    url: str
+    model: str
+    opts: RequestOptions
+    source: PromptSource
+    # token-id prompts -> the prompts as sent (text checked by the server's tokenizer, or the ids)
+    build: Callable[[list[list[int]]], Awaitable[list]]
+    before_raw: dict[str, Any]  # the server's samples before the cell
+    client_cfg: dict[str, Any]
+    progress: Callable[[str], None]
+    scrape: Callable[[], Awaitable[dict[str, Any]]]  # the server's samples now
+
+    @property
+    def salt(self) -> str:
+        return f"{self.cell.server_id}/{self.cell.id}"
+
+
+@dataclass
+class Measured:
+    """What a workload's measurement returns: the cell's figures and its requests.
+
+    ``passes`` holds each pass's figures where a cell sends its requests in
+    several passes (prefix cache: cold, warm); the headline figures are then
+    the last pass's."""
+
+    figures: dict[str, Any]
+    records: list[RequestRecord]
+    passes: dict[str, dict[str, Any]] | None = None
+
+
+class Workload:
+    """A kind of cell. Subclasses set the class attributes and implement expand, prepare and measure."""
+
+    name: ClassVar[str]
+    # position among the kinds: cells expand, run and appear in reports in this order (the cheap
+    # one-request kinds first, the long sustained-decode windows last)
+    order: ClassVar[int]
+    title: ClassVar[str]  # the report's section for this kind
+    blurb: ClassVar[str] = ""  # a sentence under the section title
+    footnote: ClassVar[str] = ""  # a paragraph under the table
+    # one request at a time: the cell id has no concurrency, and its TTFT is a prompt-length figure
+    one_at_a_time: ClassVar[bool] = False
+    # a figure of output tok/s at a concurrency (throughput charts)
+    throughput: ClassVar[bool] = False
+    # its requests are cut at a window's end: token counts per streamed event (usage_per_chunk: auto)
+    cut_at_window_end: ClassVar[bool] = False
+    # a decode roofline applies at concurrency 1 (speedmatrix.telemetry.roofline)
+    roofline: ClassVar[bool] = False
+    # the matrix's tok/s figure of this kind for the all-measurements table
+    headline_tok_s: ClassVar[str] = "total_tok_s"
+    # vllm bench serve can measure the same cell (the reference rule)
+    reference: ClassVar[bool] = False
+    # its cells share part of their prompts (cell ids get -share<P>)
+    shared_prefix: ClassVar[bool] = False
+    # extra matrix columns this kind fills (matrix_fields)
+    matrix_columns: ClassVar[tuple[str, ...]] = ()
+
+    # ---- the experiment ----------------------------------------------------
+    def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
+        """The cells of one block of ``workloads.<name>`` in an experiment."""
+        raise NotImplementedError
+
+    def request_max_tokens(self, cell: Cell) -> int:
+        return cell.max_tokens
+
+    def manual_cell(self, context: int, concurrency: int, requests: int, max_tokens: int, duration_s: float,
+                    shared_prefix: float, corpus: str) -> Cell:
+        """A cell from ``speedmatrix bench``'s options, keeping only what this kind uses."""
+        cell = Cell("manual", self.name, context, 1 if self.one_at_a_time else concurrency, max_tokens,
+                    duration_s if self.cut_at_window_end else None, requests,
+                    shared_prefix if self.shared_prefix else None, corpus)
+        return replace(cell, max_tokens=self.request_max_tokens(cell))
+
+    # ---- a measurement -----------------------------------------------------
+    async def prepare(self, run: CellRun) -> Any:
+        """Build what the measurement sends (prompts), before its clock starts."""
+        return await run.build([run.source.prompt(i, run.cell.context_tokens, run.salt)
+                                for i in range(run.cell.requests)])
+
+    async def measure(self, run: CellRun, prepared: Any) -> Measured:
+        raise NotImplementedError
+
+    # ---- aggregation and report --------------------------------------------
+    def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
+                      provenance: dict[str, Any]) -> dict[str, Any]:
+        """This kind's own matrix columns (``matrix_columns``) from a cell's JSON."""
+        return {}
+
+    def report_table(self, m: pd.DataFrame) -> Table | None:
+        """This kind's table for one server config's rows (``m`` holds only this kind's rows)."""
+        return None
+
+    def phase(self, row: Any) -> str:
+        """The row's label in the all-measurements table."""
+        return self.title
+
+    def cell_label(self, row: Any) -> str:
+        """A short label of a cell for comparisons and sweep tables: ``1K-tok`` or ``c8 / 1K``."""
+        ctx = fmt.ctx(int(row.context_tokens))
+        return f"{ctx}-tok" if self.one_at_a_time else f"c{int(row.concurrency)} / {ctx}"
+
+
+def register(cls: type[Workload]) -> type[Workload]:
+    if cls.name in REGISTRY:
+        raise ValueError(f"workload {cls.name!r} registered twice")
+    REGISTRY[cls.name] = cls()
+    return cls
+
+
+def get(name: str) -> Workload:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown workload {name!r} (known: {', '.join(names())})") from None
+
+
+def names() -> list[str]:
+    """Every kind, in report order."""
+    return [w.name for w in sorted(REGISTRY.values(), key=lambda w: w.order)]
+
+
+def cell_id_pattern() -> str:
+    return "(" + "|".join(names()) + ")-" + CELL_KEY_PATTERN
+
+
+def order_of(name: str) -> int:
+    return get(name).order

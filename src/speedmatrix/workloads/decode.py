@@ -1,0 +1,113 @@
+"""Sustained decode: N requests in flight for a fixed window, each finished one replaced at once (seed 002)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from .. import client, stats, telemetry
+from ..report import fmt
+from ..report.table import Table
+from .base import Cell, CellRun, Measured, Workload, register
+
+FOOTNOTE = (
+    "Looped: the model kept repeating the same text, so this measurement is discarded under the configured "
+    "policy. Over capacity: not run because this many requests at this context would exceed the server's KV "
+    "cache (decided from the live server's `kv_cache_size_tokens`)."
+)
+
+
+class PromptQueue:
+    """Decode prompts built ahead: a first batch before the window, then a producer keeps at least
+    ``concurrency`` spare ones ready, so a finished request is replaced at once (building one as text
+    takes two calls to the server; a worker that waited for them would leave a slot idle)."""
+
+    def __init__(self, run: CellRun) -> None:
+        self.run = run
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.built = 0
+
+    async def fill(self, n: int) -> None:
+        r = self.run
+        ids = [r.source.prompt(i, r.cell.context_tokens, r.salt) for i in range(self.built, self.built + n)]
+        for p in await r.build(ids):
+            self.queue.put_nowait(p)
+        self.built += n
+
+    async def producer(self) -> None:
+        c = self.run.cell.concurrency
+        while True:
+            if self.queue.qsize() < 2 * c + 8:
+                await self.fill(max(8, c))
+            else:
+                await asyncio.sleep(0.05)
+
+    async def next(self, _index: int):
+        return await self.queue.get()
+
+
+@register
+class Decode(Workload):
+    name = "decode"
+    order = 4
+    title = "Sustained decode"
+    blurb = "total tok/s · rows are context length, columns are simultaneous requests"
+    footnote = FOOTNOTE
+    throughput = True
+    cut_at_window_end = True
+    roofline = True
+    matrix_columns = ("roofline_bound_ms", "roofline_peak_bw_tb_s", "roofline_pct")
+
+    def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
+        return [Cell(server_id, self.name, ctx, c, block["max_tokens"], float(block["duration_s"]),
+                     corpus=block.get("corpus", "prose"), repeat=k)
+                for ctx in block["contexts"] for c in block["concurrency"]
+                for k in range(1, block.get("repeats", 1) + 1)]
+
+    async def prepare(self, run: CellRun) -> PromptQueue:
+        queue = PromptQueue(run)
+        await queue.fill(4 * run.cell.concurrency + 16)
+        return queue
+
+    async def measure(self, run: CellRun, queue: PromptQueue) -> Measured:
+        cell, opts = run.cell, run.opts
+        run.progress(f"decode: {cell.concurrency} at once for {cell.duration_s:g} s, context {cell.context_tokens}")
+        filling = asyncio.create_task(queue.producer())
+        try:
+            _, records = await asyncio.wait_for(
+                client.closed_loop(run.url, run.model, queue.next, cell.concurrency, cell.duration_s, opts,
+                                   run.progress),
+                timeout=float(run.client_cfg.get("cell_timeout_s", cell.duration_s + opts.stall_timeout_s + 120)),
+            )
+        finally:
+            filling.cancel()
+        figures = stats.decode(records, cell.duration_s)
+        figures["prompts_built"] = queue.built
+        return Measured(figures, records)
+
+    def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
+                      provenance: dict[str, Any]) -> dict[str, Any]:
+        """At concurrency 1: the memory-bandwidth bound per token against the measured time."""
+        if cell["concurrency"] != 1:
+            return {}
+        r = telemetry.roofline(provenance.get("model_weights_gib"), result.get("gpu_name"),
+                               result.get("median_tbt_ms"))
+        return {k: (r or {}).get(k) for k in self.matrix_columns}
+
+    def report_table(self, m) -> Table:
+        """Seed 002's "Sustained decode" table: rows = context, columns = concurrency (first repeat)."""
+        d = m[m["repeat"].fillna(1) == 1]
+        d = d.assign(_p=(d["corpus"] != "prose")).sort_values("_p", kind="stable")  # prose first where both
+        concs = sorted(d["concurrency"].unique())
+        t = Table(["Context", *(str(c) for c in concs)])
+        for ctx in sorted(d["context_tokens"].unique()):
+            row = [fmt.ctx(int(ctx))]
+            for c in concs:
+                hit = d[(d["context_tokens"] == ctx) & (d["concurrency"] == c)]
+                if hit.empty:
+                    row.append("")
+                    continue
+                r = hit.iloc[0]
+                row.append(fmt.num(r["total_tok_s"]) if r["status"] == "valid" else fmt.status(r["status"]))
+            t.add(*row)
+        return t

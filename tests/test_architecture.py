@@ -1,0 +1,131 @@
+"""The shape of the code: no import circle, one table of workload kinds, evidence links that resolve."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from speedmatrix import charts, workloads
+
+PACKAGE = REPO / "src" / "speedmatrix"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """Every speedmatrix module ``path`` imports, at the top or inside a function."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in modules}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:  # `from . import x` imports the submodule x
+                if f"{target}.{alias.name}" in modules:
+                    out.add(f"{target}.{alias.name}")
+                elif target in modules:
+                    out.add(target)
+    out.discard(name)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(f) for f in files}
+    return {module_name(f): imports_of(f, modules) for f in files}
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    graph = import_graph()
+    assert {"speedmatrix.report.fmt", "speedmatrix.workloads.decode", "speedmatrix.job"} <= set(graph)
+    # depth-first search for a cycle; report the first one found as a path
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path + [nxt]
+            if not state.get(nxt):
+                found = visit(nxt, path + [nxt])
+                if found:
+                    return found
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if not state.get(node):
+            cycle = visit(node, [node])
+            assert cycle is None, " -> ".join(cycle)
+
+
+def test_formatting_and_tables_import_nothing_of_speedmatrix():
+    graph = import_graph()
+    for name in ("speedmatrix.report.fmt", "speedmatrix.report.table", "speedmatrix.report"):
+        assert graph[name] == set(), (name, graph[name])
+
+
+def test_workload_kinds_come_from_one_table():
+    names = workloads.names()
+    assert names == ["prefill", "latency", "capacity", "prefix_cache", "decode"]
+    # every kind is one module of the package, and its name is its module's
+    modules = {p.stem for p in (PACKAGE / "workloads").glob("*.py")} - {"__init__", "base"}
+    assert modules == set(names)
+    # nothing outside the package compares a workload to a literal kind name
+    pattern = re.compile(r"workload\"?\]?\s*(==|!=|in)\s*[\(\[]?\"(" + "|".join(names) + ")\"")
+    offenders = [f"{p.relative_to(REPO)}:{i}" for p in PACKAGE.rglob("*.py") if "workloads" not in p.parts
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
+    # the SLURM profile names no kind: the rules declare their group
+    profile = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
+    assert not any(re.search(rf"^\s*-?\s*{n}\s*[=:]", profile, re.M) for n in names)
+    assert re.fullmatch(workloads.cell_id_pattern(), "prefix_cache-ctx1024-c4-share87.5")
+
+
+def test_every_chart_has_its_caption():
+    for chart in charts.CHARTS:
+        assert (REPO / "docs" / "captions" / f"{chart.name}.rst").exists(), chart.name
+
+
+def tracked_files() -> set[str]:
+    out = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout")
+    return set(out.stdout.splitlines())
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_every_relative_link_in_markdown_points_to_a_tracked_file():
+    tracked = tracked_files()
+    dirs = {str(p) for f in tracked for p in Path(f).parents}
+    broken = []
+    for md in sorted(f for f in tracked if f.endswith(".md")):
+        for target in LINK.findall((REPO / md).read_text()):
+            if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+                continue  # a web address or an anchor in the same page
+            resolved = ((REPO / md).parent / target.split("#")[0]).resolve()
+            try:
+                norm = str(resolved.relative_to(REPO.resolve()))
+            except ValueError:
+                broken.append(f"{md}: {target} (outside the repository)")
+                continue
+            if norm not in tracked and norm not in dirs:
+                broken.append(f"{md}: {target}")
+    assert broken == [], "links to files that are not tracked:\n" + "\n".join(broken)
