@@ -141,3 +141,19 @@ def test_every_matrix_column_is_documented():
             documented |= {c.strip() for c in line.split("|")[1].split(",")}
     assert set(MATRIX_COLUMNS) - documented == set()
     assert documented - set(MATRIX_COLUMNS) == set()
+
+
+def test_a_wheel_ships_the_schemas(tmp_path):
+    """`pip install` of a wheel gives a package that finds its schemas outside the checkout."""
+    import sys
+    import zipfile
+
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (wheel,) = tmp_path.glob("speedmatrix-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"speedmatrix/data/schemas/experiment.schema.yaml", "speedmatrix/data/schemas/config.schema.yaml",
+            "speedmatrix/workloads/decode.py", "speedmatrix/report/table.py"} <= names
+    # the checkout's config/schemas is the package's own (a link), not a second copy
+    assert (REPO / "config" / "schemas").resolve() == (PACKAGE / "data" / "schemas").resolve()
