@@ -38,9 +38,13 @@ rule all:
         f"{RESULTS}/models.lock",
 
 
+onstart:
+    preflight()
+
+
 onsuccess:
-    stop_servers()
+    finish_run()
 
 
 onerror:
-    stop_servers()
+    finish_run()

@@ -103,7 +103,7 @@ def run_ours(url: str, shape: tuple[int, int, int, int], out: Path, prefix: list
            "--context", str(inp), "--max-tokens", str(outp), "--requests", str(n), "--concurrency", str(c),
            "--ignore-eos", "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True)
-    r = json.loads(out.read_text())["result"]
+    r = json.loads(out.read_text())  # vllm bench serve's keys at the top level
     return {k: r.get(k) for k in ("completed", "total_output_tokens", "output_throughput", "median_ttft_ms",
                                   "mean_ttft_ms", "median_itl_ms", "total_input_tokens", "duration")}
 

@@ -1,12 +1,15 @@
 # Shared helpers: the experiment, its cells, and named input functions.
 import os
+from pathlib import Path
 
 from snakemake_interface_executor_plugins.settings import ExecMode
 
 from speedmatrix import charts as sm_charts
 from speedmatrix import experiment as sm_experiment
+from speedmatrix import preflight as sm_preflight
 from speedmatrix import runtimes as sm_runtimes
 from speedmatrix import server as sm_server
+from speedmatrix import summary as sm_summary
 from speedmatrix import workloads as sm_workloads
 
 try:
@@ -56,6 +59,58 @@ def stop_servers():
     stopped = sm_server.stop_all(config["results_dir"])
     if stopped:
         print(f"speedmatrix: stopped {stopped} server(s)")
+
+
+def measuring_jobs():
+    # every job of the run that checks or talks to a server: (name, output, log)
+    jobs = []
+    for sid in SERVER_IDS:
+        jobs.append(
+            (
+                f"{sid} p2p_check",
+                Path(f"{RESULTS}/servers/{sid}/p2p.json"),
+                Path(f"{RESULTS}/logs/servers/{sid}.p2p.log"),
+            )
+        )
+    for c in CELLS:
+        name = f"{c.server_id}/{c.id}"
+        jobs.append(
+            (
+                name,
+                Path(f"{RESULTS}/cells/{name}.json"),
+                Path(f"{RESULTS}/logs/cells/{name}.log"),
+            )
+        )
+    for sid in SERVER_IDS:
+        for gate in GATES:
+            jobs.append(
+                (
+                    f"{sid} gate {gate}",
+                    Path(f"{RESULTS}/gates/{sid}/{gate}.json"),
+                    Path(f"{RESULTS}/logs/gates/{sid}/{gate}.log"),
+                )
+            )
+    return jobs
+
+
+def preflight():
+    # before any job: what the run needs from this machine, one message per cause
+    problems = sm_preflight.problems(EXP)
+    if problems:
+        raise WorkflowError("speedmatrix: before any job:\n  " + "\n  ".join(problems))
+    for name in sm_preflight.api_keys(EXP):
+        print(
+            f"speedmatrix: {name} is not set: the servers of this run take a key generated for the run "
+            "(kept in this process's environment, never written)"
+        )
+
+
+def finish_run():
+    # the end of every run: servers stopped, then what ran and why anything failed
+    stop_servers()
+    if workflow.is_main_process:
+        summary = sm_summary.write(Path(RESULTS), measuring_jobs())
+        print(sm_summary.text(summary))
 
 
 def cell_files(suffix):

@@ -1,5 +1,6 @@
-# Loop verdicts over the texts a cell saved: a threshold change reruns this
-# and the aggregation, never the measurement.
+# Loop verdicts over the texts a cell saved, and the cell's status (looped,
+# unstable): a threshold change reruns this and the aggregation, never the
+# measurement.
 rule loops:
     input:
         cell=f"{RESULTS}/cells/{{server_id}}/{{cell_id}}.json",
@@ -12,5 +13,6 @@ rule loops:
         "../envs/speedmatrix.yaml"
     params:
         settings=EXP.loops,
+        stability=EXP.stability,
     script:
         "../workflow/scripts/loops.py"

@@ -2,8 +2,9 @@
 
 The model name picks the behaviour: ``ok``, ``stall`` (stops sending after 3
 tokens), ``malformed`` (a broken event), ``drop`` (closes the connection mid
-stream), ``http500``, ``multi`` (two tokens an event, the count only in the final usage event), ``loop`` (a sentence
-repeated without end). Used to check that the client ends every request with a
+stream), ``http500``, ``multi`` (two tokens an event, the count only in the final usage
+event), ``loop`` (a sentence repeated without end), ``json`` (a JSON answer instead of a
+stream). Used to check that the client ends every request with a
 recorded reason instead of hanging.
 
 ``/tokenize`` answers one id per character (after a BOS, as vLLM's adds the
@@ -36,6 +37,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     mode = payload["model"]
     if mode == "http500":
         return web.Response(status=500, text="boom")
+    if mode == "json":  # a whole answer as JSON, not a stream
+        return web.json_response({"choices": [{"index": 0, "text": "x" * 8, "finish_reason": "length"}]})
     if mode == "multi":
         return await multi_token_events(request, payload)
     if mode == "loop":
@@ -90,8 +93,16 @@ async def looping_events(request: web.Request, payload: dict) -> web.StreamRespo
     return resp
 
 
+TOKENIZE = web.AppKey("tokenize", str)
+
+
 async def tokenize(request: web.Request) -> web.Response:
-    """One id per character, after a BOS (id 2) unless add_special_tokens is false, like vLLM's."""
+    """One id per character, after a BOS (id 2) unless add_special_tokens is false, like vLLM's.
+    ``app(tokenize_answer="html")`` answers an HTML page instead, ``"nofield"`` JSON without ``tokens``."""
+    if request.app[TOKENIZE] == "html":
+        return web.Response(text="<html>a proxy's login page</html>", content_type="text/html")
+    if request.app[TOKENIZE] == "nofield":
+        return web.json_response({"count": 3})
     payload = await request.json()
     bos = [2] if payload.get("add_special_tokens", True) else []
     return web.json_response({"tokens": bos + [ord(ch) % 256 for ch in payload["prompt"]]})
@@ -114,9 +125,10 @@ def metrics_handler(running: int):
     return handler
 
 
-def app(running: int | None = None) -> web.Application:
+def app(running: int | None = None, tokenize_answer: str = "ok") -> web.Application:
     a = web.Application()
     a[PROMPTS] = []  # every prompt received, for the tests to look at
+    a[TOKENIZE] = tokenize_answer
     a.router.add_post("/v1/completions", completions)
     a.router.add_post("/tokenize", tokenize)
     a.router.add_post("/detokenize", detokenize)

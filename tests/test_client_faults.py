@@ -31,7 +31,8 @@ def test_ok_stream_counts_tokens_from_usage():
 
 
 @pytest.mark.parametrize("mode, reason", [("stall", "stalled"), ("malformed", "malformed event"),
-                                          ("drop", "connection"), ("http500", "HTTP 500")])
+                                          ("drop", "connection"), ("http500", "HTTP 500"),
+                                          ("json", "unexpected content type application/json")])
 def test_faults_end_the_request_with_a_reason(mode, reason):
     t0 = time.monotonic()
     rec = asyncio.run(one(mode))
@@ -141,3 +142,28 @@ def test_every_cell_kind_runs_against_any_openai_compatible_server(cell):
     assert all(r.prompt_tokens == cell.context_tokens and r.prompt_format == "text" for r in records)
     if cell.workload == "prefix_cache":
         assert {r.phase for r in records} == {"cold", "warm"} and set(result["passes"]) == {"cold", "warm"}
+
+
+@pytest.mark.parametrize("answer, reason", [("html", "answered text/html, not application/json"),
+                                            ("nofield", "answered JSON without tokens")])
+def test_an_unexpected_tokenize_answer_ends_the_cell_with_a_named_reason(answer, reason):
+    from speedmatrix.cells import CellError
+
+    cell = Cell("manual", "capacity", context_tokens=64, concurrency=2, max_tokens=8, requests=4)
+    with pytest.raises(CellError, match=reason):
+        _measure(cell, app(tokenize_answer=answer))
+
+
+def test_repeats_measure_a_cell_several_times_in_one_job():
+    cell = Cell("manual", "capacity", context_tokens=64, concurrency=2, max_tokens=8, requests=4, repeats=3)
+    fixture = app()
+    result, records = _measure(cell, fixture)
+    assert len(records) == 12 and sorted(r.index for r in records) == list(range(12))
+    assert [r.repeat for r in records].count(3) == 4
+    assert len(result["repeat_figures"]) == 3 and result["num_requests"] == 12
+    assert result["output_throughput"] == pytest.approx(
+        sorted(r["output_throughput"] for r in result["repeat_figures"])[1])  # the median of three
+    low, high = result["output_throughput_ci95"]
+    assert low <= result["output_throughput"] <= high and result["output_throughput_cv"] >= 0
+    # every repeat's prompts are its own (no cached prefix is served from an earlier repeat)
+    assert len(set(fixture[PROMPTS])) == 12

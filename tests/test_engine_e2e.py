@@ -77,7 +77,7 @@ def test_matrix_is_real_and_complete(full_run):
     exp = experiment.load("tiny-cpu")
     assert len(m) == len(exp.cells())
     decode = m[m.workload == "decode"]
-    assert set(decode.status) <= {"valid", "looped", "over_capacity"}
+    assert set(decode.status) <= {"valid", "looped", "unstable", "over_capacity"}
     over = decode[decode.status == "over_capacity"]
     assert len(over) >= 1
     # over capacity is the live server's verdict, and nothing was sent
@@ -87,6 +87,14 @@ def test_matrix_is_real_and_complete(full_run):
     assert len(measured) >= 4
     assert (measured.total_tok_s > 0).all() and (measured.output_tokens > 0).all()
     assert (measured.ttft_ms > 0).all() and (measured.completed_requests > 0).all()
+    # two repeats a decode cell (tiny-cpu): the median, its 95 % interval and CV; the steady part of each window
+    assert (measured.repeats == 2).all() and measured.total_tok_s_repeats.map(len).eq(2).all()
+    assert (measured.total_tok_s_ci_low <= measured.total_tok_s).all()
+    assert (measured.total_tok_s <= measured.total_tok_s_ci_high).all() and (measured.total_tok_s_cv >= 0).all()
+    assert measured.steady_fraction.between(0, 1).all() and measured.total_tok_s_window.gt(0).all()
+    assert set(measured.delivery) <= {"streamed", "batched"}
+    unstable = measured[measured.status == "unstable"]
+    assert (unstable.total_tok_s_cv > 0.1).all() and unstable.status_reason.str.contains("CV").all()
     # closed loop: the average number of requests in flight is the concurrency
     ratio = measured.avg_active_requests / measured.concurrency
     assert ratio.between(0.8, 1.01).all(), measured[["concurrency", "avg_active_requests"]]

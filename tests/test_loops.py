@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from speedmatrix import corpus, loops
+from speedmatrix import corpus, loopcheck, loops
 
 NATURAL = [corpus.text("prose"), corpus.text("code"), corpus.text("prose")[:3000]]
 
@@ -99,6 +99,39 @@ def test_every_verbatim_loop_is_found(head):
     assert missed == [], f"{len(missed)} verbatim loops missed"
 
 
+# a growing counter and a short fragment of words or symbols, repeated hundreds of times
+SHORT_INCREMENTING = [
+    "Item {i}: ok\n",
+    "{i}. yes\n",
+    "#{i} ***\n",
+    "| {i} | done |\n",
+    "id={i};",
+    "Row {i}, ",
+]
+# short units whose numbers vary, or that have no words: not loops
+SHORT_NATURAL = [
+    lambda rng, i: f"step {i}: loss {rng.uniform(0.5, 3):.4f}\n",
+    lambda rng, i: f"{rng.randint(0, 999)}, ",
+    lambda rng, i: f"| {i} | {rng.randint(10, 99)} ms |\n",
+    lambda rng, i: f"{i}, ",
+]
+
+
+@pytest.mark.parametrize("template", SHORT_INCREMENTING)
+def test_short_incrementing_loops_are_suspected(template):
+    text = corpus.text("prose")[:600] + "".join(template.format(i=i) for i in range(1, 400))
+    v = loops.detect(text)
+    assert v.suspected and not v.looped and v.normalized, v.as_dict()
+
+
+@pytest.mark.parametrize("k", range(len(SHORT_NATURAL)))
+def test_short_records_with_varying_numbers_are_not_loops(k):
+    rng = random.Random(k)
+    text = corpus.text("prose")[:600] + "".join(SHORT_NATURAL[k](rng, i) for i in range(1, 400))
+    v = loops.detect(text)
+    assert not v.suspected, v.as_dict()
+
+
 @pytest.mark.parametrize("template", INCREMENTING)
 def test_incrementing_loops_are_at_least_suspected(template):
     text = corpus.text("prose")[:600] + "".join(template.format(i=i) for i in range(1, 120))
@@ -127,7 +160,6 @@ NATURAL = corpus.text("prose")
 
 
 def test_onset_in_tokens_comes_from_the_streamed_events(tmp_path):
-    from speedmatrix import loopcheck
 
     # as the loop rule reads them: through parquet (per-event lists come back as numpy arrays)
     _requests([LOOPING]).to_parquet(tmp_path / "r.parquet")
@@ -144,7 +176,6 @@ def test_onset_in_tokens_comes_from_the_streamed_events(tmp_path):
     ("flag_only", {}, "valid"),
 ])
 def test_policies_decide_the_cell_status(policy, settings, status):
-    from speedmatrix import loopcheck
 
     reqs = _requests([LOOPING, NATURAL, NATURAL, NATURAL])  # one request in four loops
     v = loopcheck.judge_cell(_cell(acceptance=0.9), reqs, {"policy": policy, **settings})
@@ -158,14 +189,12 @@ def test_policies_decide_the_cell_status(policy, settings, status):
 
 
 def test_acceptance_is_reliable_on_loop_free_output_and_absent_without_speculation():
-    from speedmatrix import loopcheck
 
     assert loopcheck.judge_cell(_cell(acceptance=0.5), _requests([NATURAL]), {})["spec_acceptance_reliable"] is True
     assert loopcheck.judge_cell(_cell(), _requests([NATURAL]), {})["spec_acceptance_reliable"] is None
 
 
 def test_a_loop_after_the_models_natural_end_is_told_apart():
-    from speedmatrix import loopcheck
 
     reqs = _requests([NATURAL[:600] + "<eos>" + "and so it goes on. " * 400, LOOPING])
     reqs["natural_end_char"] = [600, None]
@@ -174,3 +203,13 @@ def test_a_loop_after_the_models_natural_end_is_told_apart():
     assert forced["looped"] and forced["loop_after_natural_end"] is True
     assert free["looped"] and free["loop_after_natural_end"] is None  # no natural end seen
     assert v["loops_after_natural_end"] == 1
+
+
+@pytest.mark.parametrize("cv, repeats, status", [(0.25, 2, "unstable"), (0.05, 2, "valid"), (0.25, 1, "valid")])
+def test_repeats_that_spread_mark_the_cell_unstable(cv, repeats, status):
+    cell = {"cell": {"server_id": "s", "cell_id": "decode-ctx128-c4", "workload": "decode", "repeats": repeats},
+            "result": {"status": "valid", "output_throughput": 100.0, "output_throughput_cv": cv}}
+    requests = pd.DataFrame({"request_index": [0], "text": ["a plain answer that ends"], "output_tokens": [5]})
+    verdict = loopcheck.judge_cell(cell, requests, {}, {"max_cv": 0.1})
+    assert verdict["cell_status"] == status
+    assert (verdict["status_reason"] or "").startswith("output_throughput CV 25.0%") == (status == "unstable")

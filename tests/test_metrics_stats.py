@@ -61,7 +61,10 @@ def test_decode_figures_from_records():
     c.end = 0.6
     s = stats.decode([a, b, c], duration_s=0.6)
     assert s["total_output_tokens"] == 25
-    assert s["output_throughput"] == pytest.approx(25 / 0.6)
+    assert s["output_throughput_window"] == pytest.approx(25 / 0.6)
+    # steady state: from the first request's first token (0.1 s, one request at once) to the window's end
+    assert s["output_throughput"] == pytest.approx(24 / 0.5)
+    assert s["steady_fraction"] == pytest.approx(0.5 / 0.6)
     assert s["completed"] == 2 and s["failed"] == 0 and s["num_requests"] == 3
     assert s["median_ttft_ms"] == pytest.approx(100.0)
     assert s["median_tbt_ms"] == pytest.approx(10.0)
@@ -94,3 +97,26 @@ def test_prefill_figures():
     s = stats.prefill(rs, context_tokens=1000)
     assert s["median_ttft_ms"] == pytest.approx(200.0)
     assert s["prompt_tok_s"] == pytest.approx(5000.0)
+
+
+def test_repeats_give_a_t_interval_and_a_cv():
+    # two repeats at 400 and 440 tok/s: mean 420, sd 28.28, t(1) = 12.706 -> 420 -/+ 254.1
+    out = stats.combine([{"output_throughput": 400.0, "num_requests": 4, "median_ttft_ms": 10.0},
+                         {"output_throughput": 440.0, "num_requests": 5, "median_ttft_ms": 30.0}])
+    assert out["output_throughput"] == pytest.approx(420.0)  # the median of the repeats
+    assert out["num_requests"] == 9  # counts add up
+    lo, hi = out["output_throughput_ci95"]
+    assert lo == pytest.approx(165.9, abs=0.1) and hi == pytest.approx(674.1, abs=0.1)
+    assert out["output_throughput_cv"] == pytest.approx(28.284 / 420, rel=1e-3)
+    assert stats.interval([5.0]) == {"ci95": None, "cv": None}
+    # three equal repeats: no spread at all
+    assert stats.interval([2.0, 2.0, 2.0]) == {"ci95": [2.0, 2.0], "cv": 0.0}
+
+
+def test_a_stream_delivered_in_bursts_is_named_batched():
+    # 20 tokens that arrive as two bursts (events 0.1 ms apart) after long gaps
+    times = [1.0 + 0.0001 * k for k in range(10)] + [2.0 + 0.0001 * k for k in range(10)]
+    burst = stats.delivery([rec(0, 0.0, times)])
+    assert burst["delivery"] == "batched" and burst["delivery_burst_share"] == pytest.approx(18 / 19)
+    steady = stats.delivery([rec(0, 0.0, [0.1 + 0.01 * k for k in range(20)])])
+    assert steady == {"delivery": "streamed", "delivery_burst_share": 0.0}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from speedmatrix import corpus
 from speedmatrix.prompts import NONCE_TOKENS, PromptSource
 
 CORPUS = list(range(1000, 1500))
@@ -44,3 +45,22 @@ def test_shared_prefix_is_identical_across_requests_and_the_rest_is_not():
     assert s.shared_prefix_prompt(0, 1024, shared, "other")[:NONCE_TOKENS] != a[:NONCE_TOKENS]
     with pytest.raises(ValueError):
         s.shared_prefix_prompt(0, 1024, 1024, "cell")
+
+
+def test_the_local_tokenizer_builds_prompts_of_the_exact_count(tmp_path):
+    """Decode prompts made while a window measures come from the model's tokenizer on this machine."""
+    import asyncio
+
+    from tokenizers import Tokenizer
+
+    from speedmatrix import models, prompts
+
+    models.prepare("tiny", {"synthesize": "tiny-gemma4"}, tmp_path / "tiny")
+    local = prompts.local_aligner(tmp_path / "tiny")
+    assert local is not None and prompts.local_aligner(tmp_path / "absent") is None
+    tok = Tokenizer.from_file(str(tmp_path / "tiny" / "tokenizer.json"))
+    ids = tok.encode(corpus.text("prose"), add_special_tokens=False).ids
+    source = prompts.PromptSource(corpus_ids=ids, instruction_ids=ids[:20], seed=0, nonce="n")
+    built = asyncio.run(local.many([source.prompt(i, 300, "salt") for i in range(5)], ids[:256]))
+    assert all(p.format == "text" and len(tok.encode(p.value, add_special_tokens=True).ids) == 300 for p in built)
+    assert len({p.value for p in built}) == 5

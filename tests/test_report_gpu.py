@@ -11,10 +11,11 @@ from speedmatrix.report import document as report
 def row(**kw):
     base = {c: None for c in MATRIX_COLUMNS}
     base.update(server_id="tp1", workload="decode", context_tokens=1024, concurrency=1, status="valid",
-                corpus="prose", repeat=1, spec_tokens=0, total_tok_s=55.0, ttft_ms=40.0, itl_ms=17.7,
+                corpus="prose", repeats=1, spec_tokens=0, total_tok_s=55.0, ttft_ms=40.0, itl_ms=17.7,
                 num_requests=1, loop_fraction=0.0, looped_requests=0)
     base.update(kw)
-    base["cell_id"] = f"{base['workload']}-ctx{base['context_tokens']}-c{base['concurrency']}"
+    if base["cell_id"] is None:
+        base["cell_id"] = f"{base['workload']}-ctx{base['context_tokens']}-c{base['concurrency']}"
     return base
 
 
@@ -24,8 +25,9 @@ def test_gpu_sections():
             gpu_mem_util_pct=60.0, gpu_sm_clock_mhz=1980.0, gpu_mem_clock_mhz=3201.0, gpu_pcie_rx_mb_s=12.0,
             gpu_pcie_tx_mb_s=3.0, gpu_temp_c_max=51.0, model_weights_gib=56.6, roofline_bound_ms=12.66,
             roofline_peak_bw_tb_s=4.8, roofline_pct=71.5),
-        row(concurrency=8, corpus="code", total_tok_s=400.0),
-        row(concurrency=8, corpus="code", repeat=2, total_tok_s=440.0),
+        row(concurrency=8, corpus="code", repeats=2, total_tok_s=420.0, total_tok_s_repeats=[400.0, 440.0],
+            total_tok_s_ci_low=165.9, total_tok_s_ci_high=674.1, total_tok_s_cv=0.0673,
+            ttft_ms_repeats=[40.0, 40.0], cell_id="decode-ctx1024-c8-code"),
         row(concurrency=8, total_tok_s=410.0),
     ])
     ref = {"server_id": "tp1", "rounds": 2, "cell": {"cell_id": "capacity-ctx1024-c16"},
@@ -37,7 +39,8 @@ def test_gpu_sections():
     assert "## GPU telemetry" in text and "| decode | 1K | 1 | 420 | 7.600 | 98 % |" in text
     assert "## Roofline (decode, one request)" in text
     assert "| 1K | 1 | 17.7 ms | 12.66 ms | 56.6 GiB | 4.8 TB/s | 71.5 % |" in text
-    assert "## Run-to-run spread" in text and "| tp1 | 1K | 8 | code | 2 | 400.0, 440.0 | 420.0 | 9.5% |" in text
+    assert "## Run-to-run spread" in text
+    assert "| tp1 | decode-ctx1024-c8-code | 2 | 400.0, 440.0 | 420.0 | 165.9–674.1 | 6.7% | 40.0 ms, 40.0 ms |" in text
     assert "## Agreement with vllm bench serve" in text and "| +1.4 % |" in text
     assert "random weights" in text and "mean nothing" in text
     # the sustained-decode table shows the prose cell, not the repeated code one

@@ -9,13 +9,31 @@ from typing import Any
 
 import pandas as pd
 
-from . import atomic, workloads
+from . import atomic, stats, workloads
 
 TELEMETRY_COLUMNS = [
     "gpu_name", "gpu_count", "gpu_power_w", "gpu_energy_j", "gpu_energy_per_output_token_j", "gpu_sm_util_pct",
     "gpu_mem_util_pct", "gpu_sm_clock_mhz", "gpu_mem_clock_mhz", "gpu_pcie_rx_mb_s", "gpu_pcie_tx_mb_s",
     "gpu_temp_c_max", "gpu_nvlink_tx_mb_s", "gpu_nvlink_rx_mb_s",
 ]
+
+# matrix column -> the cell result's figure it takes its interval and CV from
+SPREAD = {"total_tok_s": "output_throughput", "prompt_tok_s": "prompt_tok_s", "ttft_ms": "median_ttft_ms",
+          "itl_ms": "median_tbt_ms"}
+SPREAD_COLUMNS = [f"{col}_{part}" for col in SPREAD for part in ("ci_low", "ci_high", "cv")]
+
+
+def spread_fields(res: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for col, key in SPREAD.items():
+        ci = res.get(f"{key}_ci95")
+        out[f"{col}_ci_low"], out[f"{col}_ci_high"] = (ci[0], ci[1]) if ci else (None, None)
+        out[f"{col}_cv"] = res.get(f"{key}_cv")
+    reps = res.get("repeat_figures") or []
+    out["total_tok_s_repeats"] = [r.get("output_throughput") for r in reps] or None
+    out["ttft_ms_repeats"] = [r.get("median_ttft_ms") for r in reps] or None
+    return out
+
 
 MATRIX_COLUMNS = [
     "experiment", "server_id", "cell_id", "model", "spec_tokens", "workload", "context_tokens", "concurrency",
@@ -34,7 +52,12 @@ MATRIX_COLUMNS = [
     "looped_requests", "total_tok_s_non_looping", "spec_acceptance_reliable", "loops_after_natural_end",
     "prompt_format",
     # seed experiments: the sweep a server config belongs to and its point ("path=label; ..."), the API used
-    "sweep", "sweep_point", "api", "repeat",
+    "sweep", "sweep_point", "api",
+    # repeats (issue 14): the main figures are the median of a cell's repeats; their 95 % interval (Student's t
+    # for the mean of the repeats) and coefficient of variation; each repeat's figure; why a status
+    "repeats", *SPREAD_COLUMNS, "total_tok_s_repeats", "ttft_ms_repeats", "status_reason",
+    # decode: the steady part of the window (total_tok_s) against the whole window; how the streams came
+    "total_tok_s_window", "steady_fraction", "delivery", "delivery_burst_share",
     # GPU telemetry over the measurement window (NVML; null where absent) and the decode roofline
     *TELEMETRY_COLUMNS, "gpu_per_gpu", "model_weights_gib",
     # each workload kind's own columns (prefix cache: the cold pass; decode: the roofline)
@@ -54,7 +77,14 @@ def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
         "cell_id": spec["cell_id"],
         "model": srv["model"],
         "spec_tokens": srv["spec_tokens"],
-        "repeat": spec.get("repeat", 1),
+        "repeats": spec.get("repeats", 1),
+        **spread_fields(res),
+        "status_reason": loops.get("status_reason"),
+        "total_tok_s_window": res.get("output_throughput_window"),
+        "steady_fraction": res.get("steady_fraction"),
+        # decided here from the measured share (a new threshold re-derives it, never re-measures)
+        "delivery": stats.delivery_kind(res.get("delivery_burst_share")),
+        "delivery_burst_share": res.get("delivery_burst_share"),
         "sweep": srv.get("sweep"),
         "sweep_point": "; ".join(f"{k}={v['label']}" for k, v in (srv.get("sweep_values") or {}).items()) or None,
         "api": res.get("api", "completions"),

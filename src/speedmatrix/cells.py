@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import pandas as pd
 
-from . import atomic, client, loops, metrics, prompts, telemetry
+from . import atomic, client, loops, metrics, prompts, stats, telemetry
 from .errors import CellError
 from .job import JobContext
 from .workloads import Cell, CellRun
@@ -158,6 +158,7 @@ async def measure(
     eos_text: str | None = None,
     gpu_env: dict[str, str] | None = None,
     kv_tokens_fallback: int | None = None,
+    tokenizer_dir: str | None = None,
 ) -> tuple[dict[str, Any], list[client.RequestRecord]]:
     """Measure one cell against a running server: (result, per-request records).
 
@@ -205,17 +206,55 @@ async def measure(
             """The prompts as sent: text checked by the server's tokenizer, or the ids themselves."""
             return await aligner.many(id_lists, source.corpus_ids[:256]) if aligner else id_lists
 
+        # prompts wanted while a window measures are made with the model's tokenizer on this machine,
+        # never with calls to the server being measured (checked against the server's count first)
+        local = prompts.local_aligner(tokenizer_dir) if aligner else None
+        if local is not None:
+            sample = await local.many([source.prompt(i, cell.context_tokens, "check") for i in range(2)],
+                                      source.corpus_ids[:256])
+            if not await local.agrees_with(aligner, sample):
+                progress("the local tokenizer counts prompts differently from the server's: decode prompts are "
+                         "built ahead by the server only")
+                local = None
+        in_window = {"server_calls": 0}
+
+        async def build_in_window(id_lists: list[list[int]]) -> list:
+            """Prompts wanted while a window measures: local where the tokenizer is here, else the server's
+            (counted: the cell says how many it had to make that way)."""
+            if local is not None:
+                return await local.many(id_lists, source.corpus_ids[:256])
+            if aligner is not None:
+                in_window["server_calls"] += len(id_lists)
+            return await build(id_lists)
+
         sampler = GaugeSampler(url, float(client_cfg.get("metrics_interval_s", 0)))
         gpu = telemetry.Sampler(env=gpu_env)  # no NVML (the CPU default): samples nothing, returns None
         gpu.start()
         try:
-            run = CellRun(cell, url, model, opts, source, build, before_raw, client_cfg, progress,
-                          scrape=lambda: _counters(url))
-            prepared = await cell.kind.prepare(run)  # prompts are built before the clock starts
-            t_wall = time.time()
-            sampler.start()
-            measured = await cell.kind.measure(run, prepared)
-            figures, records, passes = measured.figures, measured.records, measured.passes or {}
+            per_repeat, per_passes, records = [], [], []
+            t_wall = None
+            for k in range(1, cell.repeats + 1):
+                if k > 1:  # the previous repeat's requests have drained (a cut decode request is aborted)
+                    await wait_until_idle(session, url, busy_wait_s, progress)
+                    progress(f"repeat {k} of {cell.repeats}")
+                run = CellRun(cell, url, model, opts, source, build, before_raw, client_cfg, progress,
+                              scrape=lambda: _counters(url), repeat=k, build_in_window=build_in_window)
+                prepared = await cell.kind.prepare(run)  # prompts are built before the clock starts
+                if t_wall is None:
+                    t_wall = time.time()
+                    sampler.start()
+                measured = await cell.kind.measure(run, prepared)
+                for r in measured.records:  # request indices stay unique over the cell's repeats
+                    r.index += len(records)
+                    r.repeat = k
+                records += measured.records
+                per_repeat.append(measured.figures)
+                if measured.passes:
+                    per_passes.append(measured.passes)
+            figures = stats.combine(per_repeat)
+            passes = {ph: stats.combine([p[ph] for p in per_passes]) for ph in per_passes[0]} if per_passes else {}
+            if cell.repeats > 1:
+                figures["repeat_figures"] = per_repeat  # each repeat's own figures, in order
         except BaseException:
             gpu.stop()
             raise
@@ -229,6 +268,12 @@ async def measure(
     received = sum(r.output_tokens for r in records)
     gen = counters.get("server_generation_tokens")
     gap = None if gen is None else gen - received
+    base["prompt_builder"] = ("local tokenizer" if local is not None else
+                              "server" if aligner is not None else "token ids")
+    base["prompts_built_by_server_in_window"] = in_window["server_calls"]
+    if in_window["server_calls"]:
+        progress(f"{in_window['server_calls']} prompts were made by the server while a window measured (no "
+                 "local tokenizer): the server did that work on top of the cell's")
     if aligner and aligner.fallbacks:
         progress(f"{aligner.fallbacks} prompt(s) could not be made exact as text and were sent as token ids")
     base["prompts_sent_as_token_ids"] = sum(1 for r in records if r.prompt_format == "token_ids")
@@ -300,13 +345,14 @@ def request_table(records: list[client.RequestRecord], ident: dict[str, Any]) ->
             "chunk_tokens": r.chunk_tokens,
             "chunk_chars": r.chunk_chars,
             "phase": r.phase,
+            "repeat": r.repeat,
             "text": r.text,
         })
     cols = ["request_index", "worker", "prompt_tokens", "start_s", "ttft_ms", "end_s", "output_tokens", "chunks",
             "finish_reason", "cut_at_window_end", "error", "tokens_reconciled", "prompt_format", "server_prompt_tokens",
             "loop_detected_at_token",
             "natural_end_char",
-            "stopped_for_loop", "chunk_tokens", "chunk_chars", "phase", "text"]
+            "stopped_for_loop", "chunk_tokens", "chunk_chars", "phase", "repeat", "text"]
     return pd.DataFrame(rows, columns=list(ident) + cols)
 
 
@@ -379,7 +425,7 @@ def run(job: JobContext, cell_id: str, out_json: str, out_requests: str) -> dict
                  f"(KV cache {startup.get('kv_cache_size_tokens')} tokens)")
         result, records = asyncio.run(measure(cell, info["url"], launch["served_model_name"], exp.client, progress,
                                               exp.loops, launch.get("eos_text"), launch.get("server_env"),
-                                              startup.get("kv_cache_size_tokens")))
+                                              startup.get("kv_cache_size_tokens"), launch.get("model_dir")))
         if result.get("failed"):
             # requests failed: keep the cell only if its server is still the same healthy server
             # (a killed server closes its sockets while it is still exiting, so look twice)

@@ -25,7 +25,7 @@ def _kinds(flag: str) -> list[str]:
 
 
 def _valid(matrix: pd.DataFrame) -> pd.DataFrame:
-    return matrix[matrix["status"] == "valid"]
+    return matrix[matrix["status"].isin(["valid", "unstable"])]  # unstable: a figure, with a wide spread
 
 
 def _none_if_empty(d: pd.DataFrame) -> pd.DataFrame | None:

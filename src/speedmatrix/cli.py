@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import aiohttp
+
 from . import __version__, workloads
 from .errors import SpeedmatrixError
 
@@ -22,7 +24,7 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     from . import atomic, cells
 
     cell = workloads.get(ns.workload).manual_cell(ns.context, ns.concurrency, ns.requests, ns.max_tokens,
-                                                  ns.duration, ns.shared_prefix, ns.corpus)
+                                                  ns.duration, ns.shared_prefix, ns.corpus, ns.repeats)
     client_cfg = {"stall_timeout_s": ns.stall_timeout, "ignore_eos": ns.ignore_eos, "seed": ns.seed,
                   "busy_wait_s": ns.busy_wait,
                   "usage_per_chunk": {"auto": "auto", "on": True, "off": False}[ns.usage_per_chunk],
@@ -34,8 +36,10 @@ def cmd_bench(ns: argparse.Namespace) -> int:
         return 2
     result, records = asyncio.run(cells.measure(cell, ns.url.rstrip("/"), ns.model, client_cfg,
                                                 progress=lambda m: print(m, file=sys.stderr),
-                                                eos_text=ns.eos_text))
-    doc = {"cell": cell.as_dict(), "url": ns.url, "model": ns.model, "client": client_cfg, "result": result}
+                                                eos_text=ns.eos_text, tokenizer_dir=ns.tokenizer))
+    # vllm bench serve's keys (output_throughput, median_ttft_ms, ...) at the top level, as tools that read
+    # its result files expect; what speedmatrix adds beside them
+    doc = {**result, "speedmatrix": {"cell": cell.as_dict(), "url": ns.url, "model": ns.model, "client": client_cfg}}
     atomic.write_json(ns.out, doc)
     if records:
         cells.request_table(records, {"cell_id": cell.id}).to_parquet(Path(ns.out).with_suffix(".requests.parquet"))
@@ -160,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ask for the token count in every streamed event (exact when an event carries several "
                    "tokens; costs the server per event); auto: only for decode, whose requests are cut at the "
                    "window's end")
+    b.add_argument("--tokenizer", metavar="DIR", help="the served model's directory (its tokenizer.json): "
+                   "prompts a decode window needs while it measures are made here, not by the server being "
+                   "measured (without it they come from the server, and the result counts them)")
+    b.add_argument("--repeats", type=int, default=1, help="measure the cell this many times; the result gives "
+                   "the median, a 95 %% interval (Student's t) and the CV of the repeats")
     b.add_argument("--busy-wait", type=float, default=30.0, help="seconds to wait for a server busy with other "
                    "requests to drain before the cell fails")
     b.add_argument("--out", required=True, help="result JSON (requests go beside it as .requests.parquet)")
@@ -219,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     except SpeedmatrixError as err:
         print(f"speedmatrix: {err}", file=sys.stderr)
         return 2
+    except (aiohttp.ClientError, OSError) as err:
+        print(f"speedmatrix: the server did not answer as expected ({type(err).__name__}: {err}); check --url "
+              "and that the server is up", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

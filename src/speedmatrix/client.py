@@ -126,6 +126,7 @@ class RequestRecord:
     cut_at_window_end: bool = False
     error: str | None = None
     phase: str = ""  # prefix-cache cells: "cold" or "warm"
+    repeat: int = 1  # which of the cell's repeats sent it
     prompt_format: str = "token_ids"  # or "text" (checked to be prompt_tokens long by the server's tokenizer)
     loop_detected_at_token: int | None = None  # the online watch saw a loop when this many tokens had come
     natural_end_char: int | None = None  # with ignore_eos: where the model's end-of-text token came
@@ -170,6 +171,10 @@ async def stream_completion(
             if resp.status != 200:
                 body = (await resp.text())[:300]
                 record.error = f"HTTP {resp.status}: {body}"
+                return record
+            if resp.content_type != "text/event-stream":
+                body = (await resp.text())[:200]
+                record.error = f"unexpected content type {resp.content_type or '(none)'}: not a stream: {body!r}"
                 return record
             buf = b""
             while True:

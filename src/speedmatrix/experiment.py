@@ -165,13 +165,22 @@ class Experiment:
     def sweeps(self) -> list[dict[str, Any]]:
         return self.raw.get("sweeps", [])
 
+    @property
+    def stability(self) -> dict[str, Any]:
+        return self.raw.get("stability", {})
+
+    @property
+    def default_repeats(self) -> int:
+        """Repeats of a cell whose block does not say: 3 on a GPU runtime, 1 on the CPU default."""
+        return 1 if self.runtime.get("device", "gpu") == "cpu" else 3
+
     def cells(self, server_id: str | None = None) -> list[Cell]:
         out: list[Cell] = []
         for srv in self.servers:
             if server_id is not None and srv.id != server_id:
                 continue
             for kind, block in workload_blocks(srv.workloads):
-                out.extend(expand_block(srv.id, kind, block))
+                out.extend(expand_block(srv.id, kind, {"repeats": self.default_repeats, **block}))
         return out
 
     def cell(self, server_id: str, cell_id: str) -> Cell:

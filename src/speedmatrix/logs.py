@@ -5,9 +5,12 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
+
+from .errors import SpeedmatrixError
 
 
 class _Stamped:
@@ -38,9 +41,11 @@ def to_file(path: str | Path) -> Iterator[None]:
         sys.stdout = sys.stderr = stamped
         try:
             yield
+        except SpeedmatrixError as err:
+            # a failure with a message for the user: one line, in the log and on the job's stderr, no traceback
+            print(f"ERROR: {err}")
+            raise SystemExit(f"speedmatrix: {err}") from None
         except BaseException:
-            import traceback
-
             traceback.print_exc()
             raise
         finally:

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from . import loops
+from .workloads import get as workload
 
 # any: one looping request marks the cell looped (seed 002's rule); fraction: more than
 # max_loop_fraction of the requests; flag_only: never changes the status, only reports
@@ -63,7 +64,22 @@ def judge_request(row: Any, thresholds: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str, Any]) -> dict[str, Any]:
+def stability_verdict(cell: dict[str, Any], max_cv: float) -> str | None:
+    """Why a cell measured several times is Unstable (its figure's CV over its repeats above ``max_cv``), or None."""
+    res, spec = cell["result"], cell["cell"]
+    if spec.get("repeats", 1) < 2:
+        return None
+    figure = workload(spec["workload"]).stability_figure
+    cv = res.get(f"{figure}_cv")
+    if cv is None or cv <= max_cv:
+        return None
+    return f"{figure} CV {cv:.1%} over {spec['repeats']} repeats, limit {max_cv:.0%}"
+
+
+def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str, Any],
+               stability: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Loop verdicts per request and the cell's status: over capacity (from the measurement), else looped
+    (under the policy), else unstable (repeats spread above ``stability.max_cv``), else valid."""
     settings = dict(settings)
     policy = settings.pop("policy", "any")
     max_fraction = float(settings.pop("max_loop_fraction", 0.1))
@@ -76,8 +92,14 @@ def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str,
     suspected = sum(p["loop_suspected"] for p in per) / n if n else None
     res = cell["result"]
     status = res["status"]
+    reason = None
     if status == "valid" and fraction and (policy == "any" or (policy == "fraction" and fraction > max_fraction)):
         status = "looped"
+        reason = f"{n_looped} of {n} requests looped"
+    max_cv = float((stability or {}).get("max_cv", 0.1))
+    unstable = stability_verdict(cell, max_cv) if status == "valid" else None
+    if unstable:
+        status, reason = "unstable", unstable
     # throughput over the requests that did not loop, beside the all-request figure
     # (the cell's own throughput, scaled by the share of its output tokens that came from non-looping requests)
     looped_ids = {p["request_index"] for p in per if p["looped"]}
@@ -95,6 +117,8 @@ def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str,
         "loop_fraction": fraction,
         "suspected_fraction": suspected,
         "cell_status": status,
+        "status_reason": reason,
+        "max_cv": max_cv,
         "output_throughput_non_looping": (throughput * clean_tokens / all_tokens
                                           if throughput is not None and all_tokens else None),
         "output_tokens_non_looping": clean_tokens if n else None,

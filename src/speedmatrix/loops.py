@@ -11,7 +11,10 @@ A second pass runs on a normalized copy (every digit run folded to "0",
 every whitespace run to one space) and catches incrementing loops
 ("Step 7: ...", "Step 8: ...") as *suspected*, when the repeated unit holds
 at least ``normalized_min_words`` words: numbers alone (an array, metric
-records) fold to a repeating unit without being a loop.
+records) fold to a repeating unit without being a loop. A shorter unit (a
+counter and a fragment of words or symbols, "Item 7: ok") is suspected when it
+repeats ``counter_min_repeats`` times and every number in it is a counter
+(``counter_loop``): records and tables carry numbers that vary.
 """
 
 from __future__ import annotations
@@ -29,8 +32,16 @@ DEFAULTS = {
     # the normalized pass only counts a unit with this many words (2+ letters): an incrementing
     # loop repeats a sentence; a numeric array or metric records fold to a wordless unit
     "normalized_min_words": 4,
+    # a shorter unit (a counter and a few words or symbols: "Item 7: ok") counts when it repeats this
+    # many times and every number in it is a counter (the same, or growing by the same step, from one
+    # repeat to the next): metric records and tables carry numbers that vary, arrays have no words
+    "counter_min_repeats": 20,
 }
 _WORD = re.compile(r"[^\W\d_]{2,}")
+_TOKEN = re.compile(r"\d+|\s+|.", re.S)
+# what a unit needs besides its numbers to be a short incrementing loop: a word, or a symbol that is
+# not a list separator or part of a number
+_CONTENT = re.compile(r"[^\W\d_]|[^\w\s,.;:+\-\[\]()]")
 
 
 @dataclass
@@ -86,6 +97,34 @@ def normalize(text: str) -> str:
     return _SPACES.sub(" ", _DIGITS.sub("0", text))
 
 
+def counter_loop(text: str, min_repeats: float, min_chars: int) -> tuple[int, int] | None:
+    """A tail that repeats one short unit in which every number is a counter: (coverage chars, period chars).
+
+    The text becomes tokens (a number, a run of whitespace, or one other character) with every number
+    folded to one marker; the tail periodicity is found over the tokens. Each numeric slot of the unit
+    must take the same value in every repeat, or grow by the same step, and one must grow."""
+    tokens = _TOKEN.findall(text)
+    folded = ["0" if t[0].isdigit() else (" " if t[0].isspace() else t) for t in tokens]
+    cov, per = tail_periodicity(folded, min_repeats)
+    if not cov or cov // per < min_repeats:
+        return None
+    tail = tokens[len(tokens) - (cov // per) * per:]
+    unit = folded[len(folded) - per:]
+    if not _CONTENT.search("".join(unit)):
+        return None  # numbers and separators only: an array
+    grows = False
+    for slot in (k for k, t in enumerate(unit) if t == "0"):
+        values = [int(tail[j]) for j in range(slot, len(tail), per)]
+        steps = {b - a for a, b in zip(values, values[1:])}
+        if len(steps) > 1:
+            return None  # a number that varies: a record, not a loop
+        grows = grows or steps != {0}
+    chars = sum(len(t) for t in tail)
+    if not grows or chars < min_chars:
+        return None
+    return chars, round(chars / (len(tail) // per))
+
+
 def _judge(seq: Sequence, th: dict[str, Any]) -> tuple[bool, bool, int, int]:
     cov_s, per_s = tail_periodicity(seq, th["suspected_min_repeats"])
     looped = False
@@ -114,6 +153,11 @@ def detect(text: str, **thresholds: Any) -> Verdict:
                 # map coverage on the normalized copy back to an approximate onset
                 cov = min(len(text), round(n_cov * len(text) / max(1, len(norm))))
                 per = n_per
+            else:
+                found = counter_loop(text, th["counter_min_repeats"], th["suspected_min_coverage_chars"])
+                if found:
+                    suspected, normalized = True, True
+                    cov, per = found
     return Verdict(
         looped=looped,
         suspected=suspected,

@@ -32,11 +32,14 @@ throughout (engine-side figures, without the server's tokenization).
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from . import corpus
+from .errors import CellError
 
 NONCE_TOKENS = 8
 
@@ -82,6 +85,23 @@ class PromptSource:
         return prefix + self.prompt(index, context - shared, salt)
 
 
+async def answer_json(resp, what: str, *fields: str) -> dict[str, Any]:
+    """A JSON answer of the server with these fields, or a CellError that names what was wrong with it."""
+    if resp.status != 200:
+        raise CellError(f"{what} answered HTTP {resp.status}: {(await resp.text())[:200]}")
+    if resp.content_type != "application/json":
+        raise CellError(f"{what} answered {resp.content_type or 'no content type'}, not application/json: "
+                        f"{(await resp.text())[:200]!r}")
+    try:
+        body = json.loads(await resp.text())
+    except ValueError:
+        raise CellError(f"{what} answered a body that is not JSON: {(await resp.text())[:200]!r}") from None
+    missing = [f for f in fields if not isinstance(body, dict) or f not in body]
+    if missing:
+        raise CellError(f"{what} answered JSON without {', '.join(missing)}: {str(body)[:200]}")
+    return body
+
+
 async def from_server(session, base_url: str, model: str, seed: int = 0, kind: str = "prose",
                       nonce: str = "", headers: dict[str, str] | None = None) -> PromptSource:
     """Tokenize the corpus and the instruction with the server's own tokenizer (vLLM's ``/tokenize``)."""
@@ -89,14 +109,14 @@ async def from_server(session, base_url: str, model: str, seed: int = 0, kind: s
     async def tokenize(text: str) -> list[int]:
         payload = {"model": model, "prompt": text, "add_special_tokens": False}
         async with session.post(f"{base_url}/tokenize", json=payload, headers=headers or {}) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"{base_url}/tokenize answered HTTP {resp.status}: prompts are sized with the "
-                                   "server's own tokenizer, so the server must offer vLLM's /tokenize endpoint")
-            return (await resp.json())["tokens"]
+            if resp.status == 404:
+                raise CellError(f"{base_url}/tokenize answered HTTP 404: prompts are sized with the server's own "
+                                "tokenizer, so the server must offer vLLM's /tokenize endpoint")
+            return (await answer_json(resp, f"{base_url}/tokenize", "tokens"))["tokens"]
 
     ids = await tokenize(corpus.text(kind))
     if len(ids) < 64:
-        raise RuntimeError(f"{base_url}/tokenize returned only {len(ids)} tokens for the {kind} corpus")
+        raise CellError(f"{base_url}/tokenize returned only {len(ids)} tokens for the {kind} corpus")
     return PromptSource(corpus_ids=ids, instruction_ids=await tokenize(INSTRUCTIONS[kind]), seed=seed, nonce=nonce)
 
 
@@ -133,11 +153,13 @@ class TextAligner:
     async def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         async with self._sem, self.session.post(f"{self.base_url}{path}", json={"model": self.model, **payload},
                                                 headers=self.headers) as resp:
-            resp.raise_for_status()
-            return await resp.json()
+            return await answer_json(resp, f"{self.base_url}{path}")
 
     async def _tokenize(self, text: str, special: bool) -> list[int]:
         return (await self._post("/tokenize", {"prompt": text, "add_special_tokens": special}))["tokens"]
+
+    async def _detokenize(self, ids: list[int]) -> str:
+        return (await self._post("/detokenize", {"tokens": ids}))["prompt"]
 
     async def _count_specials(self) -> int:
         probe = "The same words, tokenized twice."
@@ -151,7 +173,7 @@ class TextAligner:
         content = want - self.specials
         cur = list(ids[self.specials:])
         for _ in range(self.ATTEMPTS):
-            text = (await self._post("/detokenize", {"tokens": cur}))["prompt"]
+            text = await self._detokenize(cur)
             got = await self._tokenize(text, False)
             if len(got) == content:
                 return Prompt(text, want)
@@ -163,3 +185,40 @@ class TextAligner:
         if self.specials is None and id_lists:
             self.specials = await self._count_specials()
         return list(await asyncio.gather(*(self.text(ids, filler) for ids in id_lists)))
+
+
+class LocalAligner(TextAligner):
+    """The same, with the model's own tokenizer file on this machine (``tokenizer.json``, as the server
+    loads it): prompts are made without a call to the server, so a decode window can get new ones
+    while it measures without loading the server it measures. ``agrees_with`` checks a sample against
+    the server's /tokenize before it is used."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        super().__init__(session=None, base_url="", model="")
+        self.tokenizer = Tokenizer.from_file(str(path))
+
+    async def _tokenize(self, text: str, special: bool) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=special).ids
+
+    async def _detokenize(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    async def agrees_with(self, server: TextAligner, sample: list[Prompt]) -> bool:
+        """The server counts each prompt of ``sample`` as the tokens it was built to be."""
+        for p in sample:
+            if isinstance(p.value, str) and len(await server._tokenize(p.value, True)) != p.tokens:
+                return False
+        return True
+
+
+def local_aligner(model_dir: str | Path | None) -> LocalAligner | None:
+    """A LocalAligner on the model's tokenizer.json, or None where there is none."""
+    path = Path(model_dir) / "tokenizer.json" if model_dir else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        return LocalAligner(path)
+    except Exception:  # a tokenizer file this tokenizers release cannot read: the server's path serves
+        return None

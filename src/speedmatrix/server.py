@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from . import atomic, metrics, runtimes
+from .errors import SpeedmatrixError
 
 OWNER_ENV = "SPEEDMATRIX_OWNER"
 # Snakemake sets these to the *job's* thread count in every job; a server
@@ -175,13 +176,6 @@ def _auth() -> dict[str, str]:
     return auth_headers()
 
 
-def log_tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no server log)"
-
-
 # ---------------------------------------------------------------------------
 # the broker process
 
@@ -201,12 +195,29 @@ class BrokerArgs:
     stop_argv: list[str] | None = None
 
 
+# A line of vLLM's log that says why it stopped: argparse's "error: ...", or a Python exception's last line.
+_COMPLAINT = re.compile(r"(?:^|\s)(?:[\w.-]+: error: .*|(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception): .*)$")
+
+
+def complaint(path: Path) -> str:
+    """vLLM's own reason for stopping, from its log: the last line that reads like one (else the last line)."""
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "(no server log)"
+    for line in reversed(lines):
+        m = _COMPLAINT.search(line)
+        if m and "speedmatrix:" not in line:
+            return m.group(0).strip()
+    return lines[-1] if lines else "(empty server log)"
+
+
 def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited with code {proc.returncode} during start-up; last lines of {log}:\n"
-                               f"{log_tail(log)}")
+            raise RuntimeError(f"vLLM exited with code {proc.returncode} during start-up: {complaint(log)} "
+                               f"(its log: {log})")
         try:
             code, _ = http_get(f"{url}/health", timeout=2)
             if code == 200:
@@ -216,7 +227,8 @@ def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Path) -
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(POLL_S)
-    raise TimeoutError(f"vLLM did not serve {url} within {timeout_s:g} s; last lines of {log}:\n{log_tail(log)}")
+    raise TimeoutError(f"vLLM did not serve {url} within {timeout_s:g} s (startup_timeout_s); its last words: "
+                       f"{complaint(log)} (its log: {log})")
 
 
 def startup_record(url: str) -> dict[str, Any]:
@@ -378,8 +390,8 @@ def _lease_held(state: Path) -> bool:
 # the side of the cells
 
 
-class ServerError(RuntimeError):
-    pass
+class ServerError(SpeedmatrixError, RuntimeError):
+    """A server config's server could not be started or held; the message names the config and vLLM's reason."""
 
 
 def _read(path: Path) -> dict | None:

@@ -71,9 +71,51 @@ def errors_by_kind(records: Iterable[RequestRecord]) -> dict[str, int]:
     return dict(kinds)
 
 
-def decode(records: list[RequestRecord], duration_s: float) -> dict[str, Any]:
-    """Sustained decode over the window [0, duration_s] (seconds since t0)."""
+# An event that comes within this long of the one before it, in the same stream, came in a burst.
+BURST_GAP_S = 0.001
+# A cell whose streams came almost all in bursts was delivered in batches: its TTFT and time between
+# tokens describe the delivery, not the generation (docs/fidelity.md). Well above the share a server
+# that streams gives (on the CPU default up to ~0.5: the API server sometimes sends two tokens at
+# once; speculative decoding sends the tokens of a step together), well below the ~1.0 of whole
+# responses arriving at once.
+BATCHED_SHARE = 0.8
+
+
+def delivery_kind(share: float | None) -> str | None:
+    return None if share is None else "batched" if share >= BATCHED_SHARE else "streamed"
+
+
+def delivery(records: Iterable[RequestRecord]) -> dict[str, Any]:
+    """How the streams came: the share of events within BURST_GAP_S of the one before (after the first)."""
+    gaps = [g for r in records if not r.error for g in chunk_gaps(r)]
+    if not gaps:
+        return {"delivery": None, "delivery_burst_share": None}
+    share = sum(1 for g in gaps if g < BURST_GAP_S) / len(gaps)
+    return {"delivery": delivery_kind(share), "delivery_burst_share": share}
+
+
+def steady_start(records: list[RequestRecord], concurrency: int) -> float | None:
+    """When every one of the first ``concurrency`` requests had its first token: from then on the target
+    number of requests is decoding (each finished one is replaced at once). None if one never had it."""
+    first = sorted(records, key=lambda r: r.start)[:concurrency]
+    if len(first) < concurrency or any(r.first_token is None for r in first):
+        return None
+    return max(r.first_token for r in first)
+
+
+def decode(records: list[RequestRecord], duration_s: float, concurrency: int | None = None) -> dict[str, Any]:
+    """Sustained decode over the window [0, duration_s] (seconds since t0).
+
+    ``output_throughput`` counts the steady part of the window only: from the moment the first
+    ``concurrency`` requests all have their first token (the ramp-up, when requests are still in
+    prefill, is left out) to the window's end; ``steady_fraction`` is its share of the window.
+    ``output_throughput_window`` is the whole window's figure. Without a steady part both are the
+    whole window's and ``steady_fraction`` is 0."""
     window_tokens = sum(n for r in records for t, n in zip(r.chunk_times, r.chunk_tokens) if t <= duration_s)
+    t_s = steady_start(records, concurrency or 1)
+    steady_s = duration_s - t_s if t_s is not None and t_s < duration_s else 0.0
+    steady_tokens = sum(n for r in records for t, n in zip(r.chunk_times, r.chunk_tokens)
+                        if t_s is not None and t_s < t <= duration_s)
     completed = [r for r in records if r.finish_reason and not r.error and (r.end or 0) <= duration_s + 1e-6]
     failed = [r for r in records if r.error]
     ttfts = [r.first_token - r.start for r in records if r.first_token is not None]
@@ -89,7 +131,11 @@ def decode(records: list[RequestRecord], duration_s: float) -> dict[str, Any]:
         "failed": len(failed),
         "errors_by_kind": errors_by_kind(records),
         "total_output_tokens": int(window_tokens),
-        "output_throughput": window_tokens / duration_s if duration_s > 0 else None,
+        "output_throughput": (steady_tokens / steady_s if steady_s > 0
+                              else window_tokens / duration_s if duration_s > 0 else None),
+        "output_throughput_window": window_tokens / duration_s if duration_s > 0 else None,
+        "steady_s": steady_s,
+        "steady_fraction": steady_s / duration_s if duration_s > 0 else None,
         "per_request_tok_s": float(np.mean(rates)) if rates else None,
         "avg_active_requests": active_integral(records, duration_s) / duration_s if duration_s > 0 else None,
         **_dist("ttft", ttfts),
@@ -97,6 +143,7 @@ def decode(records: list[RequestRecord], duration_s: float) -> dict[str, Any]:
         **{k.replace("itl", "tbt"): v for k, v in _dist("itl", gaps).items()},
         # vLLM's ITL: the gap between streamed chunks
         **itl,
+        **delivery(records),
     }
     return out
 
@@ -123,6 +170,7 @@ def fixed(records: list[RequestRecord], wall_s: float) -> dict[str, Any]:
         **_dist("ttft", ttfts),
         **{k.replace("itl", "tbt"): v for k, v in _dist("itl", [g for r in ok for g in token_gaps(r)]).items()},
         **_dist("itl", [g for r in ok for g in chunk_gaps(r)]),
+        **delivery(ok),
     }
 
 
@@ -138,3 +186,59 @@ def prefill(records: list[RequestRecord], context_tokens: int) -> dict[str, Any]
         **_dist("ttft", ttfts),
         "prompt_tok_s": context_tokens / med if med else None,
     }
+
+
+# ---- repeats -----------------------------------------------------------------
+
+# two-sided 95 % critical values of Student's t by degrees of freedom (1-30); above 30, 1.96
+_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042]
+
+# the figures a cell's repeats give an interval and a coefficient of variation for
+SPREAD_FIGURES = ("output_throughput", "prompt_tok_s", "per_request_tok_s", "median_ttft_ms", "median_tbt_ms",
+                  "median_itl_ms")
+# counts over the whole cell: summed over its repeats (every other figure: the median of the repeats)
+ADDITIVE = ("num_requests", "completed", "failed", "total_output_tokens", "total_input_tokens", "prompts_built",
+            "measured_s", "duration", "steady_s")
+
+
+def interval(values: list[float]) -> dict[str, Any]:
+    """The mean's 95 % confidence interval by Student's t, and the coefficient of variation (sd / mean),
+    over a cell's repeats; None with fewer than two. Every figure here is a rate or a time, never
+    negative: the interval's low end is clipped at 0 (with two repeats t is 12.7 and it can reach below)."""
+    v = [float(x) for x in values if x is not None]
+    if len(v) < 2:
+        return {"ci95": None, "cv": None}
+    mean, sd = float(np.mean(v)), float(np.std(v, ddof=1))
+    half = (_T95[len(v) - 2] if len(v) - 1 <= len(_T95) else 1.96) * sd / len(v) ** 0.5
+    return {"ci95": [max(0.0, mean - half), mean + half], "cv": sd / mean if mean else None}
+
+
+def combine(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """A cell's figures over its repeats: counts summed, every other number the median of the repeats,
+    and for each of SPREAD_FIGURES its interval (``<figure>_ci95``) and CV (``<figure>_cv``)."""
+    if len(repeats) == 1:
+        return dict(repeats[0])
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(k for r in repeats for k in r):
+        values = [r.get(key) for r in repeats]
+        nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if key == "errors_by_kind":
+            merged: Counter = Counter()
+            for v in values:
+                merged.update(v or {})
+            out[key] = dict(merged)
+        elif key in ADDITIVE and nums:
+            out[key] = sum(nums)
+        elif nums and len(nums) == len([v for v in values if v is not None]):
+            out[key] = float(np.median(nums))
+        else:
+            out[key] = values[-1]
+    if out.get("delivery_burst_share") is not None:
+        out["delivery"] = delivery_kind(out["delivery_burst_share"])
+    for key in SPREAD_FIGURES:
+        if any(r.get(key) is not None for r in repeats):
+            spread = interval([r.get(key) for r in repeats])
+            out[f"{key}_ci95"], out[f"{key}_cv"] = spread["ci95"], spread["cv"]
+    return out

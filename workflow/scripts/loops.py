@@ -1,4 +1,4 @@
-"""Rule loops: loop verdicts for every saved text of one cell."""
+"""Rule loops: loop verdicts for every saved text of one cell, and the cell's status."""
 
 import pandas as pd
 
@@ -6,6 +6,8 @@ from speedmatrix import atomic, logs, loopcheck
 
 with logs.to_file(snakemake.log[0]):
     cell = atomic.read_json(snakemake.input.cell)
-    verdict = loopcheck.judge_cell(cell, pd.read_parquet(snakemake.input.requests), snakemake.params.settings)
+    verdict = loopcheck.judge_cell(cell, pd.read_parquet(snakemake.input.requests), snakemake.params.settings,
+                                   snakemake.params.stability)
     atomic.write_json(snakemake.output[0], verdict)
-    print(f"loop fraction {verdict['loop_fraction']}, cell status {verdict['cell_status']}")
+    print(f"loop fraction {verdict['loop_fraction']}, cell status {verdict['cell_status']} "
+          f"{verdict['status_reason'] or ''}")

@@ -35,8 +35,12 @@ def server_section(sid: str, m: pd.DataFrame) -> list[Block]:
         if kind.footnote:
             out.append(Para(kind.footnote))
     out += [Heading(3, "All measurements"),
-            Para("Latencies are medians. Total tok/s is output across all simultaneous requests."),
+            Para("Latencies are medians. Total tok/s is output across all simultaneous requests. Where a cell "
+                 "was measured several times (repeats), a figure is the median of its repeats with the 95 % "
+                 "interval of their mean (Student's t) in brackets."),
             sections.full_table(m)]
+    if "delivery" in m and (m["delivery"] == "batched").any():
+        out.append(Para(sections.BATCHED_NOTE))
     return out
 
 

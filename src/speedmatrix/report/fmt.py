@@ -6,11 +6,23 @@ import math
 from typing import Any
 
 # A cell's status as a reader sees it; matrix.parquet keeps the key.
-STATUS_LABEL = {"valid": "Valid", "looped": "Looped", "over_capacity": "Over capacity", "error": "Error"}
+STATUS_LABEL = {"valid": "Valid", "looped": "Looped", "unstable": "Unstable", "over_capacity": "Over capacity",
+                "error": "Error"}
 
 
 def missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def missing_list(values: Any) -> bool:
+    """A list column read back from parquet: None, or an empty array."""
+    return values is None or (not isinstance(values, str) and len(values) == 0)
+
+
+def interval(low: Any, high: Any, show=None) -> str:
+    """A 95 % interval: 394.2–430.4 (— when there is none)."""
+    show = show or num
+    return "—" if missing(low) or missing(high) else f"{show(low)}–{show(high)}"
 
 
 def status(s: Any) -> str:

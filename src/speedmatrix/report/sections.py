@@ -34,6 +34,27 @@ def servers_table(matrix: pd.DataFrame, startups: list[dict[str, Any]]) -> Table
     return t
 
 
+BATCHED_NOTE = ("n/m: not measurable. The server delivered this cell's streams in bursts (most events within "
+                "1 ms of the one before, after long gaps: `delivery` batched in matrix.parquet), so TTFT and the "
+                "time between tokens describe the delivery, not the generation (docs/fidelity.md, section 5).")
+
+
+def batched(r: Any) -> bool:
+    return getattr(r, "delivery", None) == "batched"
+
+
+def with_interval(r: Any, column: str, show) -> str:
+    """A median figure and, where the cell was measured several times, its 95 % interval."""
+    low, high = getattr(r, f"{column}_ci_low", None), getattr(r, f"{column}_ci_high", None)
+    text = show(getattr(r, column))
+    return text if fmt.missing(low) or fmt.missing(high) else f"{text} ({fmt.interval(low, high, show)})"
+
+
+def latency(r: Any, column: str) -> str:
+    """TTFT or time between tokens: n/m where the streams came in bursts, else the figure (and interval)."""
+    return "n/m" if batched(r) else with_interval(r, column, fmt.ms)
+
+
 def full_table(m: pd.DataFrame) -> Table:
     """Every cell of one server config, seed 002's full measurements table."""
     t = Table(["Phase", "Context", "Requests at once", "Status", "Total tok/s", "Per request tok/s", "TTFT",
@@ -46,9 +67,9 @@ def full_table(m: pd.DataFrame) -> Table:
         def shown(text: str, measured: bool = measured) -> str:
             return text if measured else "—"
 
-        t.add(kind.phase(r), fmt.ctx(int(r.context_tokens)), int(r.concurrency), fmt.status(r.status),
-              shown(fmt.num(getattr(r, kind.headline_tok_s))), shown(fmt.num(r.per_request_tok_s)),
-              shown(fmt.ms(r.ttft_ms)), shown(fmt.ms(r.itl_ms)), shown(fmt.num(r.avg_active_requests)),
+        t.add(kind.phase(r), fmt.ctx(int(r.context_tokens)), int(r.concurrency), status_text(r),
+              shown(with_interval(r, kind.headline_tok_s, fmt.num)), shown(fmt.num(r.per_request_tok_s)),
+              shown(latency(r, "ttft_ms")), shown(latency(r, "itl_ms")), shown(fmt.num(r.avg_active_requests)),
               shown(fmt.integer(r.completed_requests)), shown(fmt.integer(r.output_tokens)),
               shown(fmt.seconds(r.measured_s)),
               "—" if fmt.missing(r.loop_fraction) else f"{float(r.loop_fraction):.0%}",
@@ -151,23 +172,30 @@ def sweep_tables(m: pd.DataFrame, servers: list[Any]) -> list[Table | Para]:
     return [t, Para(f"Change against {ref} (output tok/s; p95 TTFT: lower is better):"), changes]
 
 
+def _listed(values: Any, show) -> str:
+    return "—" if values is None or fmt.missing_list(values) else ", ".join(show(v) for v in values)
+
+
 def spread_table(m: pd.DataFrame) -> Table | None:
-    """Cells measured several times (``repeats``): each measurement and the spread."""
-    d = m[m["status"] == "valid"]
-    same_cell = ["server_id", "workload", "context_tokens", "concurrency", "corpus", "shared_prefix"]
-    groups = [g for _, g in d.groupby(same_cell, dropna=False) if len(g) > 1]
-    if not groups:
+    """Cells measured several times (``repeats``): each repeat's figure, the median, its interval and CV."""
+    if "repeats" not in m:
         return None
-    t = Table(["Server config", "Context", "Requests at once", "Corpus", "Runs", "Total tok/s (each run)", "Mean",
-               "Spread (max-min)/mean", "Median TTFT (each run)"])
-    for g in groups:
-        g = g.sort_values("repeat")
-        tok = g["total_tok_s"].astype(float)
-        spread = (tok.max() - tok.min()) / tok.mean() if tok.mean() else float("nan")
-        t.add(g.server_id.iloc[0], fmt.ctx(int(g.context_tokens.iloc[0])), int(g.concurrency.iloc[0]),
-              g.corpus.iloc[0], len(g), ", ".join(fmt.num(v) for v in tok), fmt.num(tok.mean()), f"{spread:.1%}",
-              ", ".join(fmt.ms(v) for v in g.ttft_ms))
+    d = m[(pd.to_numeric(m["repeats"]).fillna(1) > 1) & (m["status"] != "over_capacity")]
+    if d.empty:
+        return None
+    t = Table(["Server config", "Cell", "Repeats", "Total tok/s (each repeat)", "Median", "95 % interval", "CV",
+               "Median TTFT (each repeat)", "Status"])
+    for r in by_phase(d, "server_id", "context_tokens", "concurrency").itertuples():
+        t.add(r.server_id, r.cell_id, int(r.repeats), _listed(r.total_tok_s_repeats, fmt.num), fmt.num(r.total_tok_s),
+              fmt.interval(r.total_tok_s_ci_low, r.total_tok_s_ci_high), fmt.pct(r.total_tok_s_cv),
+              _listed(r.ttft_ms_repeats, fmt.ms), status_text(r))
     return t
+
+
+def status_text(r: Any) -> str:
+    """The status as the report shows it, with its reason where it has one (Unstable: the CV)."""
+    reason = getattr(r, "status_reason", None)
+    return fmt.status(r.status) + (f" ({reason})" if isinstance(reason, str) and reason else "")
 
 
 def gpu_table(m: pd.DataFrame) -> Table | None:
@@ -178,7 +206,7 @@ def gpu_table(m: pd.DataFrame) -> Table | None:
     t = Table(["Phase", "Context", "Requests at once", "Power (W)", "Energy / output token (J)", "SM util",
                "Mem util", "SM clock (MHz)", "Mem clock (MHz)", "PCIe rx / tx (MB/s)", "Max temp (°C)"])
     f = fmt.whole
-    for r in by_phase(d, "context_tokens", "concurrency", "repeat").itertuples():
+    for r in by_phase(d, "context_tokens", "concurrency").itertuples():
         t.add(r.workload, fmt.ctx(int(r.context_tokens)), int(r.concurrency), f(r.gpu_power_w),
               f(r.gpu_energy_per_output_token_j, "{:.3f}"), f"{f(r.gpu_sm_util_pct)} %", f"{f(r.gpu_mem_util_pct)} %",
               f(r.gpu_sm_clock_mhz), f(r.gpu_mem_clock_mhz), f"{f(r.gpu_pcie_rx_mb_s)} / {f(r.gpu_pcie_tx_mb_s)}",
@@ -215,11 +243,12 @@ def roofline_table(m: pd.DataFrame) -> Table | None:
     d = rows_with(m, "roofline_pct")
     if d.empty:
         return None
-    t = Table(["Context", "Run", "Measured time between tokens", "Bound (weights / peak bandwidth)",
+    t = Table(["Context", "Repeats", "Measured time between tokens", "Bound (weights / peak bandwidth)",
                "Weights on a GPU", "Peak bandwidth", "Of the roofline"])
-    for r in d.sort_values(["context_tokens", "repeat"]).itertuples():
-        t.add(fmt.ctx(int(r.context_tokens)), int(r.repeat), fmt.ms(r.itl_ms), f"{float(r.roofline_bound_ms):.2f} ms",
-              f"{float(r.model_weights_gib):.1f} GiB", f"{float(r.roofline_peak_bw_tb_s):g} TB/s",
+    for r in d.sort_values(["context_tokens"]).itertuples():
+        t.add(fmt.ctx(int(r.context_tokens)), fmt.integer(r.repeats), fmt.ms(r.itl_ms),
+              f"{float(r.roofline_bound_ms):.2f} ms", f"{float(r.model_weights_gib):.1f} GiB",
+              f"{float(r.roofline_peak_bw_tb_s):g} TB/s",
               f"{float(r.roofline_pct):.1f} %")
     return t
 

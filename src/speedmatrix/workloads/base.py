@@ -27,8 +27,8 @@ if TYPE_CHECKING:  # types only: the client is imported where a cell runs
 # name -> the kind; filled by @register as each module of this package is imported
 REGISTRY: dict[str, Workload] = {}
 
-# the part of a cell id after its kind: ctx<N>[-c<M>][-share<P>][-<corpus>][-rep<K>]
-CELL_KEY_PATTERN = r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code)?(-rep[0-9]+)?"
+# the part of a cell id after its kind: ctx<N>[-c<M>][-share<P>][-<corpus>]
+CELL_KEY_PATTERN = r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code)?"
 
 
 def _share_label(fraction: float) -> str:
@@ -49,7 +49,7 @@ class Cell:
     requests: int = 1  # prefill, capacity, latency, prefix_cache: how many requests the cell sends
     shared_prefix: float | None = None  # prefix_cache: fraction of the context shared by every request
     corpus: str = "prose"  # the repository text prompts are cut from (corpus.KINDS)
-    repeat: int = 1  # the k-th measurement of the same cell (repeats: the run-to-run spread)
+    repeats: int = 1  # measurements of the cell, one after another in its job (the interval and CV come from them)
 
     @property
     def kind(self) -> Workload:
@@ -64,8 +64,6 @@ class Cell:
             out += f"-share{_share_label(self.shared_prefix)}"
         if self.corpus != "prose":
             out += f"-{self.corpus}"
-        if self.repeat > 1:
-            out += f"-rep{self.repeat}"
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -80,7 +78,7 @@ class Cell:
             "requests": self.requests,
             "shared_prefix": self.shared_prefix,
             "corpus": self.corpus,
-            "repeat": self.repeat,
+            "repeats": self.repeats,
         }
 
 
@@ -100,9 +98,13 @@ class CellRun:
     progress: Callable[[str], None]
     scrape: Callable[[], Awaitable[dict[str, Any]]]  # the server's samples now
 
+    repeat: int = 1  # which of the cell's repeats this is (its prompts are its own)
+    # prompts wanted while the clock runs: made without calls to the server being measured where it can
+    build_in_window: Callable[[list[list[int]]], Awaitable[list]] | None = None
+
     @property
     def salt(self) -> str:
-        return f"{self.cell.server_id}/{self.cell.id}"
+        return f"{self.cell.server_id}/{self.cell.id}/{self.repeat}"
 
 
 @dataclass
@@ -142,6 +144,8 @@ class Workload:
     reference: ClassVar[bool] = False
     # its cells share part of their prompts (cell ids get -share<P>)
     shared_prefix: ClassVar[bool] = False
+    # the figure whose spread over a cell's repeats decides Unstable (a key of the cell's result)
+    stability_figure: ClassVar[str] = "output_throughput"
     # extra matrix columns this kind fills (matrix_fields)
     matrix_columns: ClassVar[tuple[str, ...]] = ()
 
@@ -154,11 +158,11 @@ class Workload:
         return cell.max_tokens
 
     def manual_cell(self, context: int, concurrency: int, requests: int, max_tokens: int, duration_s: float,
-                    shared_prefix: float, corpus: str) -> Cell:
+                    shared_prefix: float, corpus: str, repeats: int = 1) -> Cell:
         """A cell from ``speedmatrix bench``'s options, keeping only what this kind uses."""
         cell = Cell("manual", self.name, context, 1 if self.one_at_a_time else concurrency, max_tokens,
                     duration_s if self.cut_at_window_end else None, requests,
-                    shared_prefix if self.shared_prefix else None, corpus)
+                    shared_prefix if self.shared_prefix else None, corpus, repeats)
         return replace(cell, max_tokens=self.request_max_tokens(cell))
 
     # ---- a measurement -----------------------------------------------------

@@ -13,24 +13,28 @@ from .base import Cell, CellRun, Measured, Workload, register
 FOOTNOTE = (
     "Looped: the model kept repeating the same text, so this measurement is discarded under the configured "
     "policy. Over capacity: not run because this many requests at this context would exceed the server's KV "
-    "cache (decided from the live server's `kv_cache_size_tokens`)."
+    "cache (decided from the live server's `kv_cache_size_tokens`). Unstable: the cell's repeats spread more "
+    "than `stability.max_cv` allows (the figure shown is their median)."
 )
 
 
 class PromptQueue:
     """Decode prompts built ahead: a first batch before the window, then a producer keeps at least
-    ``concurrency`` spare ones ready, so a finished request is replaced at once (building one as text
-    takes two calls to the server; a worker that waited for them would leave a slot idle)."""
+    ``concurrency`` spare ones ready, so a finished request is replaced at once. The producer makes its
+    prompts with the model's tokenizer on this machine (``CellRun.build_in_window``), not with calls to
+    the server being measured; only without a local tokenizer does it fall back to the server, and the
+    cell counts those prompts (``prompts_built_by_server_in_window``)."""
 
     def __init__(self, run: CellRun) -> None:
         self.run = run
         self.queue: asyncio.Queue = asyncio.Queue()
         self.built = 0
 
-    async def fill(self, n: int) -> None:
+    async def fill(self, n: int, in_window: bool = False) -> None:
         r = self.run
         ids = [r.source.prompt(i, r.cell.context_tokens, r.salt) for i in range(self.built, self.built + n)]
-        for p in await r.build(ids):
+        make = r.build_in_window if in_window and r.build_in_window else r.build
+        for p in await make(ids):
             self.queue.put_nowait(p)
         self.built += n
 
@@ -38,7 +42,7 @@ class PromptQueue:
         c = self.run.cell.concurrency
         while True:
             if self.queue.qsize() < 2 * c + 8:
-                await self.fill(max(8, c))
+                await self.fill(max(8, c), in_window=True)
             else:
                 await asyncio.sleep(0.05)
 
@@ -60,9 +64,8 @@ class Decode(Workload):
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         return [Cell(server_id, self.name, ctx, c, block["max_tokens"], float(block["duration_s"]),
-                     corpus=block.get("corpus", "prose"), repeat=k)
-                for ctx in block["contexts"] for c in block["concurrency"]
-                for k in range(1, block.get("repeats", 1) + 1)]
+                     corpus=block.get("corpus", "prose"), repeats=block.get("repeats", 1))
+                for ctx in block["contexts"] for c in block["concurrency"]]
 
     async def prepare(self, run: CellRun) -> PromptQueue:
         queue = PromptQueue(run)
@@ -81,7 +84,7 @@ class Decode(Workload):
             )
         finally:
             filling.cancel()
-        figures = stats.decode(records, cell.duration_s)
+        figures = stats.decode(records, cell.duration_s, cell.concurrency)
         figures["prompts_built"] = queue.built
         return Measured(figures, records)
 
@@ -95,9 +98,8 @@ class Decode(Workload):
         return {k: (r or {}).get(k) for k in self.matrix_columns}
 
     def report_table(self, m) -> Table:
-        """Seed 002's "Sustained decode" table: rows = context, columns = concurrency (first repeat)."""
-        d = m[m["repeat"].fillna(1) == 1]
-        d = d.assign(_p=(d["corpus"] != "prose")).sort_values("_p", kind="stable")  # prose first where both
+        """Seed 002's "Sustained decode" table: rows = context, columns = concurrency."""
+        d = m.assign(_p=(m["corpus"] != "prose")).sort_values("_p", kind="stable")  # prose first where both
         concs = sorted(d["concurrency"].unique())
         t = Table(["Context", *(str(c) for c in concs)])
         for ctx in sorted(d["context_tokens"].unique()):
@@ -108,6 +110,11 @@ class Decode(Workload):
                     row.append("")
                     continue
                 r = hit.iloc[0]
-                row.append(fmt.num(r["total_tok_s"]) if r["status"] == "valid" else fmt.status(r["status"]))
+                if r["status"] == "valid":
+                    row.append(fmt.num(r["total_tok_s"]))
+                elif r["status"] == "unstable":
+                    row.append(f"{fmt.num(r['total_tok_s'])} (Unstable)")
+                else:
+                    row.append(fmt.status(r["status"]))
             t.add(*row)
         return t

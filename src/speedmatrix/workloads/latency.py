@@ -18,10 +18,12 @@ class Latency(Workload):
     title = "Latency"
     blurb = "one request at a time, TTFT across input sizes"
     one_at_a_time = True
+    stability_figure = "median_ttft_ms"
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         return [Cell(server_id, self.name, ctx, 1, block["max_tokens"], requests=block["requests"],
-                     corpus=block.get("corpus", "prose")) for ctx in block["contexts"]]
+                     corpus=block.get("corpus", "prose"), repeats=block.get("repeats", 1))
+                for ctx in block["contexts"]]
 
     async def measure(self, run: CellRun, prompts: list) -> Measured:
         cell = run.cell

@@ -18,10 +18,12 @@ class Prefill(Workload):
     blurb = "prompt tok/s by context length"
     one_at_a_time = True
     headline_tok_s = "prompt_tok_s"
+    stability_figure = "prompt_tok_s"
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
-        return [Cell(server_id, self.name, ctx, 1, 1, requests=block.get("repeats", 3),
-                     corpus=block.get("corpus", "prose")) for ctx in block["contexts"]]
+        return [Cell(server_id, self.name, ctx, 1, 1, requests=block.get("requests", 3),
+                     corpus=block.get("corpus", "prose"), repeats=block.get("repeats", 1))
+                for ctx in block["contexts"]]
 
     def request_max_tokens(self, cell: Cell) -> int:
         return 1

@@ -1,0 +1,102 @@
+"""One clear error per cause: vLLM's own complaint, the run summary grouped by cause, checks before any job."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, one_server_experiment, run_snakemake, wait_no_vllm
+from speedmatrix import experiment, preflight, summary
+from speedmatrix.server import complaint
+
+ARGPARSE_LOG = """INFO 12-01 01:02:03 [api_server.py:1] vLLM API server version 0.32.0
+usage: api_server.py [-h] [--host HOST]
+                     [model_tag]
+api_server.py: error: unrecognized arguments: --bogus-flag
+"""
+EXCEPTION_LOG = """Traceback (most recent call last):
+  File "x.py", line 1, in <module>
+(EngineCore pid=77) ValueError: max_model_len 99999 is larger than the model's 2048
+INFO 12-01 01:02:04 shutting down
+"""
+
+
+@pytest.mark.parametrize("log, said", [
+    (ARGPARSE_LOG, "api_server.py: error: unrecognized arguments: --bogus-flag"),
+    (EXCEPTION_LOG, "ValueError: max_model_len 99999 is larger than the model's 2048"),
+])
+def test_vllms_complaint_is_the_line_that_says_why(tmp_path, log, said):
+    path = tmp_path / "server.log"
+    path.write_text(log)
+    assert complaint(path) == said
+
+
+def test_the_run_summary_groups_failed_jobs_by_cause(tmp_path):
+    res = tmp_path / "results" / "e"
+    jobs = []
+    for k, state in enumerate(["done", "failed", "failed-again", "failed", "not-run"]):
+        out, log = res / f"cells/s/c{k}.json", res / f"logs/cells/s/c{k}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if state == "done":
+            out.write_text("{}")
+        elif state == "failed":
+            log.write_text("[01:02:03] starting server s\n[01:02:40] ERROR: server s failed to start: "
+                           "vLLM exited with code 2 during start-up: api_server.py: error: unrecognized arguments\n")
+        elif state == "failed-again":
+            log.write_text("[01:02:41] ERROR: server s failed to start earlier in this run: vLLM exited with code 2 "
+                           "during start-up: api_server.py: error: unrecognized arguments\n")
+        jobs.append((f"s/c{k}", out, log))
+    s = summary.write(res, jobs)
+    assert (s["jobs"], s["done"], s["failed"], s["not_run"]) == (5, 1, 3, 1)
+    assert len(s["causes"]) == 1 and s["causes"][0]["jobs"] == ["s/c1", "s/c2", "s/c3"]
+    assert "unrecognized arguments" in s["causes"][0]["cause"]
+    assert json.loads((res / "run-summary.json").read_text()) == s
+    assert "3 failed: server s failed to start" in summary.text(s)
+
+
+def test_preflight_names_a_missing_runtime_command(tmp_path):
+    d = tmp_path / "experiments"
+    d.mkdir()
+    data = yaml.safe_load((REPO / "config/experiments/tiny-cpu.yaml").read_text())
+    data["runtime"]["command"] = [str(tmp_path / "no-venv/bin/vllm"), "serve"]
+    (d / "cmd.yaml").write_text(yaml.safe_dump(data))
+    problems = preflight.problems(experiment.load("cmd", d))
+    assert len(problems) == 1 and "runtime.command" in problems[0] and "no-venv/bin/vllm does not exist" in problems[0]
+    assert preflight.problems(experiment.load("tiny-cpu", REPO / "config/experiments")) == []
+
+
+def test_a_missing_api_key_is_generated_for_the_run_and_not_shown(monkeypatch):
+    monkeypatch.delenv("SPEEDMATRIX_API_KEY", raising=False)
+    exp = experiment.load("seed002-gemma4-26b-a4b-nvfp4-speed-matrix-tiny", REPO / "config/experiments")
+    assert preflight.api_keys(exp) == ["SPEEDMATRIX_API_KEY"]
+    assert len(os.environ["SPEEDMATRIX_API_KEY"]) >= 24
+    assert preflight.api_keys(exp) == []  # set now: kept as it is
+
+
+@pytest.mark.engine
+def test_an_unknown_vllm_flag_fails_once_per_config_with_vllms_words(tmp_path):
+    exp_dir = one_server_experiment(tmp_path, "bogus", {
+        "decode": {"contexts": [128], "concurrency": [1, 2], "duration_s": 2, "max_tokens": 16}})
+    path = exp_dir / "bogus.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["server"]["args"]["bogus-flag"] = 1
+    path.write_text(yaml.safe_dump(data))
+    proc = run_snakemake(tmp_path, experiment="bogus", experiments_dir=exp_dir, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert wait_no_vllm(30) == []
+    s = json.loads(Path(tmp_path / "results/bogus/run-summary.json").read_text())
+    # the two cells fail on the one cause; the only job done is the P2P check (not applicable on the CPU)
+    assert s["failed"] == 2 and s["done"] == 1 and len(s["causes"]) == 1
+    assert "server base failed to start" in s["causes"][0]["cause"]
+    assert "unrecognized arguments: --bogus-flag" in s["causes"][0]["cause"]
+    # vLLM's words reach the user without a Python traceback of ours
+    assert "unrecognized arguments: --bogus-flag" in out
+    assert "src/speedmatrix/" not in out  # no traceback through our code
+    logs = list((tmp_path / "results/bogus/logs/cells/base").glob("*.log"))
+    assert len(logs) == 2 and all("Traceback" not in p.read_text() for p in logs)
