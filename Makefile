@@ -31,8 +31,9 @@ plan: $(STAMP)
 	$(BIN)/snakemake --workflow-profile profiles/$(PROFILE) --config experiment=$(EXPERIMENT) \
 		--dry-run --quiet rules $(SNAKEMAKE_ARGS)
 
+# --durations: the slowest tests in CI's log (CI must stay under an hour)
 test: $(STAMP)
-	$(BIN)/pytest -ra $(PYTEST_MARK) $(PYTEST_ARGS)
+	$(BIN)/pytest -ra --durations=15 $(PYTEST_MARK) $(PYTEST_ARGS)
 
 # The tests that need no engine (no vLLM server, no SLURM): seconds, for quick local runs.
 test-fast: $(STAMP)

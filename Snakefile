@@ -1,7 +1,7 @@
 # speedmatrix: reproducible LLM-serving benchmark matrices on vLLM.
 #
 #   pin runtime -> model -> server launch spec -> cells -> loop verdicts
-#   -> matrix.parquet / requests.parquet -> charts + report
+#   -> matrix.parquet / requests.parquet / decisions.parquet -> charts + report
 #
 # Run it with `make run` (or `snakemake --profile profiles/default`);
 # pick an experiment with `--config experiment=<name>`.
@@ -35,6 +35,7 @@ rule all:
         f"{RESULTS}/report.html",
         f"{RESULTS}/matrix.parquet",
         f"{RESULTS}/requests.parquet",
+        f"{RESULTS}/decisions.parquet",
         f"{RESULTS}/models.lock",
 
 

@@ -4,6 +4,7 @@
 rule report:
     input:
         matrix=f"{RESULTS}/matrix.parquet",
+        decisions=f"{RESULTS}/decisions.parquet",
         lock=f"{RESULTS}/runtime.lock.json",
         launches=startup_files(),
         gates=gate_files(),

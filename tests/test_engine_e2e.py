@@ -109,7 +109,7 @@ def test_matrix_is_real_and_complete(full_run):
     assert spec.spec_acceptance_rate.notna().all()  # random weights: a real rate, near 0
     reqs = pd.read_parquet(res / "requests.parquet")
     sent = m[m.status != "over_capacity"].set_index(["server_id", "cell_id"])
-    passes = sent.workload.map(lambda w: 2 if w == "prefix_cache" else 1)
+    passes = sent.workload.map(lambda w: 2 if w == "prefix_cache" else 1)  # a search: every step's (num_requests)
     counts = reqs.groupby(["server_id", "cell_id"]).size()
     assert (counts.reindex(sent.index) == sent.num_requests * passes).all()
     assert {"text", "looped", "loop_suspected", "ttft_ms", "output_tokens", "phase"} <= set(reqs.columns)
@@ -143,6 +143,46 @@ def test_matrix_is_real_and_complete(full_run):
     assert (both.total_tok_s_non_looping <= both.total_tok_s + 1e-9).all()
     assert {"loop_onset_token", "loop_detected_at_token", "chunk_chars", "prompt_format"} <= set(reqs.columns)
     assert (reqs.prompt_format == "text").all()
+
+
+def test_decisions_targets_goodput_frontier_and_search(full_run):
+    work, proc, _, _ = full_run
+    assert proc.returncode == 0
+    res = work / "results" / "tiny-cpu"
+    exp = experiment.load("tiny-cpu")
+    m = pd.read_parquet(res / "matrix.parquet").set_index(["server_id", "cell_id"])
+    d = pd.read_parquet(res / "decisions.parquet")
+    assert set(d.slo) == {t.name for t in exp.targets} and d.attainment.between(0, 1).all()
+    assert d.slo_met.notna().all() and (d.met_requests <= d.judged_requests).all()
+    # goodput counts a subset of the window's tokens: never more than the whole window's rate
+    dec = d[d.workload == "decode"].join(m, on=["server_id", "cell_id"], rsuffix="_m")
+    assert (dec.goodput_tok_s <= dec.total_tok_s_window * 1.0001).all()
+    # the matrix carries the first target (a search cell: its own)
+    first = exp.targets[0].name
+    judged = m[m.slo.notna()]
+    assert set(judged.slo) == {first} and judged.goodput_tok_s.notna().all()
+    assert m.on_pareto.fillna(False).any() and (m.gpus == 0).all()
+    # the search: the answer held, the next concurrency up (or the bound) did not, every step is kept
+    search = m[m.workload == "slo_search"]
+    assert len(search) == len(exp.servers)
+    reqs = pd.read_parquet(res / "requests.parquet")
+    for (sid, cid), r in search.iterrows():
+        steps = json.loads(r.slo_search_steps)
+        held = [s["concurrency"] for s in steps if s["holds"]]
+        answer = int(r.slo_max_concurrency)
+        assert answer == (max(held) if held else 0)
+        # (or the answer is the bound: 64, or fewer where the KV cache holds fewer requests)
+        assert (any(s["concurrency"] == answer + 1 and not s["holds"] for s in steps)
+                or answer == max(s["concurrency"] for s in steps))
+        assert all(s["requests"] >= max(16, 2 * s["concurrency"]) for s in steps)
+        mine = reqs[(reqs.server_id == sid) & (reqs.cell_id == cid)]
+        assert sorted(mine.phase.unique()) == sorted(f"step{s['step']}" for s in steps)
+        assert len(mine) == sum(s["requests"] for s in steps) == r.num_requests
+    report = (res / "report.md").read_text()
+    for part in ("## Decisions", "### Latency targets", "### Best config per target", "### Pareto frontier",
+                 "### Goodput per cell", "### SLO search"):
+        assert part in report, part
+    assert (res / "charts/pareto.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_one_server_start_per_server_config(full_run):

@@ -112,5 +112,6 @@ def test_tiny_variant_has_the_same_dag_shape(name):
     assert kinds(tiny) == kinds(full)
     assert set(tiny.raw.get("gates", {})) == set(full.raw.get("gates", {}))
     assert tiny.client.get("api") == full.client.get("api")
+    assert [t.name for t in tiny.targets] == [t.name for t in full.targets]  # the targets the seed cared about
     for s in tiny.servers:  # each -tiny model is synthesized here: nothing to download
         assert "synthesize" in tiny.models[s.model]

@@ -100,6 +100,10 @@ def test_seed003_tiny_matched_comparison_gates_and_compare(seed003, tmp_path):
     assert "## Matched comparison" in report and "| Model | Runner | c1 / 128 |" in report
     assert "Change against tiny-gemma4/v1" in report
     assert set(matrix.api) == {"chat"} and (matrix.status == "valid").all()
+    # the seed's target: p95 TTFT of the capacity cells; the report names the best config at each context
+    d = pd.read_parquet(res / "decisions.parquet")
+    assert set(d.slo) == {"c128_p95_ttft"} and len(d) == len(matrix) and d.slo_met.notna().all()
+    assert "### Best config per target" in report and "`c128_p95_ttft`" in report
     reqs = pd.read_parquet(res / "requests.parquet")
     # chat: the template's tokens come on top of the prompt text
     assert (reqs.server_prompt_tokens > reqs.prompt_tokens).all()

@@ -67,24 +67,34 @@ def starts(res: Path) -> dict[str, int]:
     return {f.parent.name: len(f.read_text().splitlines()) for f in res.glob("servers/*/starts.jsonl")}
 
 
+# two server configs (one with the MTP drafter) and two cell kinds: what the SLURM groups must get
+# right (one allocation and one server start per config) without the default run's 36 cells,
+# which the local end-to-end test already measures
+SMALL_SERVERS = [{"id": "base"}, {"id": "mtp2", "speculative": {"model": "tiny-gemma4-mtp",
+                                                               "num_speculative_tokens": 2}}]
+SMALL_WORKLOADS = {"latency": {"contexts": [128], "requests": 2, "max_tokens": 16},
+                   "decode": {"contexts": [128], "concurrency": [1, 4], "duration_s": 2, "max_tokens": 32}}
+
+
 @pytest.fixture(scope="module")
 def slurm_run(slurm_up, tmp_path_factory):
-    work = tmp_path_factory.mktemp("slurm-tiny")
-    proc = run(slurm_cmd(work, "tiny-cpu"))
-    return work, proc
+    work = tmp_path_factory.mktemp("slurm-small")
+    exp_dir = one_server_experiment(work, "small", SMALL_WORKLOADS, SMALL_SERVERS)
+    proc = run(slurm_cmd(work, "small", exp_dir))
+    return work, exp_dir, proc
 
 
-def test_tiny_cpu_on_slurm(slurm_run):
-    work, proc = slurm_run
+def test_two_configs_on_slurm(slurm_run):
+    work, exp_dir, proc = slurm_run
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    res = work / "results" / "tiny-cpu"
-    exp = experiment.load("tiny-cpu")
+    res = work / "results" / "small"
+    exp = experiment.load("small", exp_dir)
     m = pd.read_parquet(res / "matrix.parquet")
-    assert len(m) == len(exp.cells())
+    assert len(m) == len(exp.cells()) == 6
     assert (res / "report.md").exists() and (res / "charts/heatmap.png").exists()
     # one allocation per server config, a different one for each config
     ids = job_ids(res)
-    assert set(ids) == {s.id for s in exp.servers}
+    assert set(ids) == {s.id for s in exp.servers} == {"base", "mtp2"}
     assert all(len(v) == 1 and None not in v for v in ids.values()), ids
     assert len({next(iter(v)) for v in ids.values()}) == len(ids)
     assert starts(res) == {s.id: 1 for s in exp.servers}

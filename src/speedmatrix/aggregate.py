@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import atomic, stats, workloads
+from . import atomic, decide, slo, stats, workloads
 
 TELEMETRY_COLUMNS = [
     "gpu_name", "gpu_count", "gpu_power_w", "gpu_energy_j", "gpu_energy_per_output_token_j", "gpu_sm_util_pct",
@@ -58,6 +58,12 @@ MATRIX_COLUMNS = [
     "repeats", *SPREAD_COLUMNS, "total_tok_s_repeats", "ttft_ms_repeats", "status_reason",
     # decode: the steady part of the window (total_tok_s) against the whole window; how the streams came
     "total_tok_s_window", "steady_fraction", "delivery", "delivery_burst_share",
+    # decisions (issue 15): the server's GPUs (tensor x pipeline parallel; 0 on the CPU) and output tok/s per
+    # GPU (the whole server's on the CPU); on the Pareto frontier of tok/s per user against it; the cell's
+    # first latency target (a search cell's: its own) with the share of requests that met it, whether it holds
+    # at its percentile, and the goodput of the requests that met it (every target: decisions.parquet)
+    "gpus", "tok_s_per_gpu", "tok_s_per_user", "on_pareto", "slo", "slo_met", "slo_attainment", "goodput_rps",
+    "goodput_tok_s", "goodput_tok_s_ci_low", "goodput_tok_s_ci_high",
     # GPU telemetry over the measurement window (NVML; null where absent) and the decode roofline
     *TELEMETRY_COLUMNS, "gpu_per_gpu", "model_weights_gib",
     # each workload kind's own columns (prefix cache: the cold pass; decode: the roofline)
@@ -150,24 +156,67 @@ def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+DECISION_COLUMNS = [
+    "experiment", "server_id", "cell_id", "workload", "context_tokens", "concurrency", "spec_tokens", "sweep",
+    "sweep_point", "status", "slo", "slo_definition", "percentile", "ttft_limit_ms", "tpot_limit_ms",
+    "e2e_limit_ms", "judged_requests", "met_requests", "attainment", "slo_met", "p_ttft_ms", "p_tpot_ms",
+    "p_e2e_ms", "goodput_rps", "goodput_tok_s", "goodput_tok_s_ci_low", "goodput_tok_s_ci_high",
+    "goodput_repeats",
+]
+
+
+def cell_decisions(cell: dict[str, Any], row: dict[str, Any], table: pd.DataFrame,
+                   targets: list[slo.Target]) -> list[dict[str, Any]]:
+    """Every target the cell's kind is judged on, over its requests (speedmatrix.slo)."""
+    kind = workloads.get(cell["cell"]["workload"])
+    chosen = kind.slo_targets(cell["cell"], targets)
+    if not chosen or not len(table) or row["status"] == "over_capacity":
+        return []
+    phase, window = kind.slo_scope(cell["result"])
+    ident = {k: row[k] for k in DECISION_COLUMNS[:10]}
+    if kind.searches:  # the load the search found, not its upper bound
+        ident["concurrency"] = cell["result"].get("slo_max_concurrency")
+    return [{**ident, **r} for r in slo.for_cell(table, cell["result"], chosen, phase, window)]
+
+
 def build(cells: Iterable[str | Path], loops: Iterable[str | Path], requests: Iterable[str | Path],
-          matrix_out: str | Path, requests_out: str | Path) -> pd.DataFrame:
+          matrix_out: str | Path, requests_out: str | Path, decisions_out: str | Path | None = None,
+          targets: list[slo.Target] | None = None, gpus: dict[str, int] | None = None) -> pd.DataFrame:
+    """matrix.parquet, requests.parquet and (with ``decisions_out``) decisions.parquet: one row per cell
+    and latency target. ``gpus``: each server config's GPUs (tok/s per GPU and the Pareto frontier)."""
     cells, loops, requests = list(cells), list(loops), list(requests)
     if not (len(cells) == len(loops) == len(requests)):
         raise ValueError("aggregate needs one loop verdict and one request table per cell")
-    rows, tables = [], []
+    rows, tables, decided = [], [], []
     for c_path, l_path, r_path in zip(cells, loops, requests):
         cell, verdicts = atomic.read_json(c_path), atomic.read_json(l_path)
-        rows.append(matrix_row(cell, verdicts))
+        row = matrix_row(cell, verdicts)
         table = pd.read_parquet(r_path)
         if len(table):
             per = pd.DataFrame(verdicts["requests"])
             if len(per):
                 table = table.merge(per, on="request_index", how="left")
             tables.append(table)
+        found = cell_decisions(cell, row, table, targets or [])
+        if found:
+            first = found[0]
+            row.update(slo=first["slo"], slo_met=first["slo_met"], slo_attainment=first["attainment"],
+                       **{k: first[k] for k in ("goodput_rps", "goodput_tok_s", "goodput_tok_s_ci_low",
+                                                "goodput_tok_s_ci_high")})
+        decided += found
+        rows.append(row)
     matrix = pd.DataFrame(rows, columns=MATRIX_COLUMNS)
+    matrix["gpus"] = matrix["server_id"].map(gpus or {})
+    matrix["tok_s_per_gpu"] = decide.per_gpu(matrix["total_tok_s"], matrix["gpus"])
+    matrix["tok_s_per_user"] = decide.per_user(matrix["total_tok_s"], matrix["avg_active_requests"])
+    points = decide.frontier(decide.pareto_points(matrix))
+    matrix["on_pareto"] = pd.array(matrix.index.map(points["on_frontier"].to_dict()) if len(points)
+                                   else [None] * len(matrix), dtype="boolean")
+    matrix["slo_met"] = pd.array(matrix["slo_met"].where(matrix["slo_met"].notna(), None), dtype="boolean")
     matrix = matrix.sort_values(["server_id", "workload", "context_tokens", "concurrency"], kind="stable")
     matrix.to_parquet(matrix_out, index=False)
     reqs = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
     reqs.to_parquet(requests_out, index=False)
+    if decisions_out is not None:
+        pd.DataFrame(decided, columns=DECISION_COLUMNS).to_parquet(decisions_out, index=False)
     return matrix

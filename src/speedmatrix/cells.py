@@ -29,11 +29,15 @@ from .job import JobContext
 from .workloads import Cell, CellRun
 
 MAX_FAILED_FRACTION = 0.5
+# idle keep-alive connections of the cell's own session (prompts, counters) are dropped after this long:
+# below the server's keep-alive (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s), or a call after a window reuses
+# a connection the server is closing ("Can not write request body", seen after a 4 s decode window)
+SESSION_KEEPALIVE_S = 1.0
 
 
 def needed_kv_tokens(cell: Cell) -> int:
-    """KV tokens the cell needs at once: every request at full context plus its output cap."""
-    return cell.concurrency * (cell.context_tokens + cell.max_tokens)
+    """KV tokens the cell needs at once (its kind decides: every request at full context plus its cap)."""
+    return cell.kind.needed_kv_tokens(cell)
 
 
 async def _scrape(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
@@ -176,7 +180,8 @@ async def measure(
     prompt_format = client_cfg.get("prompt_format", "text")
     nonce = secrets.token_hex(4)
     # this session stays open through the measurement: it builds text prompts a decode cell needs late
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60),
+                                     connector=aiohttp.TCPConnector(keepalive_timeout=SESSION_KEEPALIVE_S)) as session:
         before_raw = await _scrape(session, url)
         kv = metrics.cache_info(before_raw)["kv_cache_size_tokens"] or kv_tokens_fallback
         need = needed_kv_tokens(cell)
@@ -238,7 +243,8 @@ async def measure(
                     await wait_until_idle(session, url, busy_wait_s, progress)
                     progress(f"repeat {k} of {cell.repeats}")
                 run = CellRun(cell, url, model, opts, source, build, before_raw, client_cfg, progress,
-                              scrape=lambda: _counters(url), repeat=k, build_in_window=build_in_window)
+                              scrape=lambda: _counters(url), repeat=k, build_in_window=build_in_window,
+                              kv_tokens=kv)
                 prepared = await cell.kind.prepare(run)  # prompts are built before the clock starts
                 if t_wall is None:
                     t_wall = time.time()

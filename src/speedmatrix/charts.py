@@ -15,7 +15,7 @@ from pathlib import Path
 import altair as alt
 import pandas as pd
 
-from . import workloads
+from . import decide, workloads
 from .report import fmt
 
 
@@ -168,6 +168,35 @@ def gpu_telemetry(d: pd.DataFrame) -> alt.Chart:
                        ).properties(title="GPU telemetry (NVML, measurement windows only)")
 
 
+def pareto_data(matrix: pd.DataFrame) -> pd.DataFrame | None:
+    points = decide.frontier(decide.pareto_points(matrix))
+    return None if points.empty else pareto_data_from_points(points)
+
+
+def pareto_data_from_points(points: pd.DataFrame) -> pd.DataFrame:
+    """Frontier points (decide.frontier) with what the chart shows: frontier or beaten, per GPU or server."""
+    per = "GPU" if (pd.to_numeric(points.get("gpus"), errors="coerce") > 0).any() else "server"
+    return points.assign(frontier=points["on_frontier"].map({True: "on the frontier", False: "beaten"}), per=per,
+                         label=points["run"] + " · " + points["point"] if points["run"].nunique() > 1
+                         else points["point"])
+
+
+def pareto(d: pd.DataFrame) -> alt.Chart:
+    """tok/s per user against tok/s per GPU (per server on the CPU); the frontier as a step line."""
+    per = d["per"].iloc[0]
+    x = alt.X("tok_s_per_user:Q", title="output tok/s per user", scale=alt.Scale(type="log"))
+    y = alt.Y("tok_s_per_gpu:Q", title=f"output tok/s per {per}", scale=alt.Scale(type="log"))
+    series = "run:N" if d["run"].nunique() > 1 else "server_id:N"
+    tooltip = ["label", "status", "concurrency", "context_tokens", "tok_s_per_user", "tok_s_per_gpu", "ttft_ms"]
+    dots = alt.Chart(d).mark_point(filled=True, size=60).encode(
+        x=x, y=y, color=alt.Color(series, title="run" if series == "run:N" else "server config"),
+        shape=alt.Shape("frontier:N", title=None), tooltip=tooltip)
+    front = d[d["on_frontier"]].sort_values("tok_s_per_user")
+    line = alt.Chart(front).mark_line(interpolate="step-before", color="black", strokeDash=[4, 3]).encode(x=x, y=y)
+    return alt.layer(line, dots).properties(width=480, height=320,
+                                             title="Pareto frontier: tok/s per user against tok/s per " + per)
+
+
 def placeholder(text: str) -> alt.Chart:
     return alt.Chart(pd.DataFrame({"t": [text]})).mark_text(fontSize=14).encode(text="t:N").properties(
         width=400, height=60)
@@ -213,4 +242,5 @@ CHARTS = [
           kind="prefix_cache"),
     Chart("gpu", "GPU power and energy per token", gpu_data, gpu_telemetry,
           "no GPU telemetry (NVML absent: CPU run)"),
+    Chart("pareto", "Pareto frontier", pareto_data, pareto, "no valid capacity or decode cells"),
 ]

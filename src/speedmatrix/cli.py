@@ -92,6 +92,17 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pareto(ns: argparse.Namespace) -> int:
+    from . import compare
+
+    try:
+        print(compare.pareto(ns.runs, ns.out))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"speedmatrix pareto: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_validate(ns: argparse.Namespace) -> int:
     from . import experiment
 
@@ -205,6 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--server-b", help="only this server config of run B")
     c.add_argument("--out", help="also write compare.md, compare.html and compare.png in this directory")
     c.set_defaults(func=cmd_compare)
+
+    pa = sub.add_parser(
+        "pareto", help="the Pareto frontier of tok/s per user against tok/s per GPU over one or more runs",
+        description="Every valid capacity and decode cell of the runs as a point (output tok/s per user, output "
+                    "tok/s per GPU; per server on the CPU); prints the frontier's points (those no other cell beats "
+                    "on both), named by run, server config and cell.")
+    pa.add_argument("runs", nargs="+", metavar="RUN", help="a results directory (results/<experiment>) or its "
+                    "matrix.parquet")
+    pa.add_argument("--out", help="also write pareto.md, pareto-report.html and the chart (pareto.html/.png) here")
+    pa.set_defaults(func=cmd_pareto)
 
     ls = sub.add_parser("experiments", help="list the experiments in config/experiments")
     ls.add_argument("--experiments-dir", default="config/experiments")

@@ -15,12 +15,14 @@ from pathlib import Path
 import altair as alt
 import pandas as pd
 
-from . import atomic, charts, workloads
-from .report import fmt
+from . import atomic, charts, decide, workloads
+from .report import fmt, sections
 from .report.table import Heading, Image, Para, Table, html_page, markdown
 
 FIGURES = [("total_tok_s", "output tok/s", fmt.num), ("ttft_ms", "median TTFT", fmt.ms),
-           ("p95_ttft_ms", "p95 TTFT", fmt.ms)]
+           ("p95_ttft_ms", "p95 TTFT", fmt.ms),
+           # the goodput under each run's first latency target (a run without targets: —)
+           ("goodput_tok_s", "goodput tok/s", fmt.num)]
 
 
 def load_matrix(run: str | Path) -> pd.DataFrame:
@@ -36,6 +38,7 @@ def load_matrix(run: str | Path) -> pd.DataFrame:
 def matched(a: pd.DataFrame, b: pd.DataFrame, match: str = "server", server_a: str | None = None,
             server_b: str | None = None) -> pd.DataFrame:
     """One row per cell present on both sides, A's and B's figures side by side."""
+    a, b = (m.assign(**{f: None for f, _, _ in FIGURES if f not in m}) for m in (a, b))  # an older run
     if server_a:
         a = a[a["server_id"] == server_a]
     if server_b:
@@ -108,4 +111,37 @@ def compare(run_a: str, run_b: str, out_dir: str | None = None, match: str = "se
         page = [*doc, Image("Output tok/s", "compare.png")]
         atomic.write_bytes(out / "compare.md", markdown(page).encode())
         atomic.write_bytes(out / "compare-report.html", html_page(page, "Comparison").encode())
+    return markdown(doc)
+
+
+def run_name(run: str | Path) -> str:
+    path = Path(run)
+    return (path.parent if path.suffix == ".parquet" else path).name
+
+
+def pareto(runs: list[str], out_dir: str | None = None) -> str:
+    """The Pareto frontier over the cells of several runs (tok/s per user against tok/s per GPU); markdown,
+    and with ``out_dir`` pareto.md, pareto-report.html and the chart (pareto.html / pareto.png)."""
+    names = [run_name(r) for r in runs]
+    if len(set(names)) != len(names):
+        names = [str(r) for r in runs]
+    points = pd.concat([decide.pareto_points(load_matrix(r), name) for r, name in zip(runs, names)],
+                       ignore_index=True)
+    if points.empty:
+        raise ValueError("no valid capacity or decode cell in these runs: nothing to draw a frontier from")
+    points = decide.frontier(points)
+    per = "GPU" if (pd.to_numeric(points.get("gpus"), errors="coerce") > 0).any() else "server"
+    on = points[points["on_frontier"]]
+    doc = [Heading(1, "Pareto frontier"),
+           Para(f"Runs: {', '.join(names)}. Output tok/s per user against output tok/s per {per}, over every valid "
+                f"capacity and decode cell; {len(on)} of {len(points)} cells are on the frontier."),
+           sections.pareto_table(points, per)]
+    if out_dir:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        data = charts.pareto_data_from_points(points)
+        charts.save_chart(charts.pareto(data), out / "pareto.html", out / "pareto.png")
+        page = [*doc, Image("Pareto frontier", "pareto.png")]
+        atomic.write_bytes(out / "pareto.md", markdown(page).encode())
+        atomic.write_bytes(out / "pareto-report.html", html_page(page, "Pareto frontier").encode())
     return markdown(doc)

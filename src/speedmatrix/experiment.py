@@ -17,6 +17,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from . import slo as sm_slo
 from . import workloads as sm_workloads
 from .errors import ConfigError
 from .models import PRESETS
@@ -128,7 +129,11 @@ def workload_blocks(workloads: dict[str, Any]) -> list[tuple[str, dict[str, Any]
     return out
 
 
-def expand_block(server_id: str, kind: str, block: dict[str, Any]) -> list[Cell]:
+def expand_block(server_id: str, kind: str, block: dict[str, Any], slos: dict[str, Any] | None = None) -> list[Cell]:
+    """The cells of one block; a block that names a latency target (``slo:``) gets its limits as ``target``."""
+    if "slo" in block:
+        name = block["slo"]
+        block = {**block, "target": sm_slo.target(name, (slos or {}).get(name) or {}).as_dict()}
     return sm_workloads.get(kind).expand(server_id, block)
 
 
@@ -170,6 +175,11 @@ class Experiment:
         return self.raw.get("stability", {})
 
     @property
+    def targets(self) -> list[sm_slo.Target]:
+        """The latency targets (``slos:``), in order."""
+        return sm_slo.targets(self.raw.get("slos") or {}, str(self.path))
+
+    @property
     def default_repeats(self) -> int:
         """Repeats of a cell whose block does not say: 3 on a GPU runtime, 1 on the CPU default."""
         return 1 if self.runtime.get("device", "gpu") == "cpu" else 3
@@ -180,7 +190,8 @@ class Experiment:
             if server_id is not None and srv.id != server_id:
                 continue
             for kind, block in workload_blocks(srv.workloads):
-                out.extend(expand_block(srv.id, kind, {"repeats": self.default_repeats, **block}))
+                out.extend(expand_block(srv.id, kind, {"repeats": self.default_repeats, **block},
+                                        self.raw.get("slos")))
         return out
 
     def cell(self, server_id: str, cell_id: str) -> Cell:
@@ -275,6 +286,19 @@ def _check_references(exp: dict[str, Any], source: str) -> None:
         if not workloads:
             problems.append(f"{source}: key '{where}.workloads': server config {sid!r} has no workloads "
                             "(give top-level 'workloads' or its own)")
+    slos = exp.get("slos") or {}
+    for name, spec in slos.items():
+        try:
+            sm_slo.target(name, spec or {}, source)
+        except ConfigError as err:
+            problems.append(str(err))
+    for _sid, merged, where, _sweep in entries:
+        for kind, block in workload_blocks(merged.get("workloads", exp.get("workloads")) or {}):
+            if "slo" in block and block["slo"] not in slos:
+                problems.append(f"{source}: key '{where}.workloads.{kind}.slo': {block['slo']!r} is not a key of "
+                                f"'slos' (known: {', '.join(slos) or 'none: add a slos block'})")
+    if problems:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
     blocks_seen = set()
     for _sid, merged, _where, _sweep in entries:
         workloads = merged.get("workloads", exp.get("workloads")) or {}
@@ -283,17 +307,17 @@ def _check_references(exp: dict[str, Any], source: str) -> None:
             continue
         blocks_seen.add(key)
         for kind, block in workload_blocks(workloads):
-            ids = [c.id for c in expand_block("x", kind, block)]
+            ids = [c.id for c in expand_block("x", kind, block, slos)]
             if len(set(ids)) != len(ids):
                 problems.append(f"{source}: key 'workloads.{kind}': repeated values give the same cell twice")
-        seen = [c.id for kind, block in workload_blocks(workloads) for c in expand_block("x", kind, block)]
+        seen = [c.id for kind, block in workload_blocks(workloads) for c in expand_block("x", kind, block, slos)]
         dup_cells = sorted({i for i in seen if seen.count(i) > 1})
         if dup_cells and not any("repeated values" in p for p in problems):
             problems.append(f"{source}: key 'workloads': two blocks give the same cells ({', '.join(dup_cells[:5])}); "
                             "give one of them another corpus or other contexts")
     known = {c.id for _sid, merged, _w, _s in entries
              for kind, block in workload_blocks(merged.get("workloads", exp.get("workloads")) or {})
-             for c in expand_block("x", kind, block)}
+             for c in expand_block("x", kind, block, slos)}
     for cid in exp.get("reference", {}).get("cells", []):
         if cid not in known:
             problems.append(f"{source}: key 'reference.cells': no cell {cid!r} in this experiment")

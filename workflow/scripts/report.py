@@ -14,4 +14,5 @@ with logs.to_file(snakemake.log[0]):
         gate_paths=snakemake.input.gates,
         models_lock_path=snakemake.input.models_lock,
         reference_paths=snakemake.input.references,
+        decisions_path=snakemake.input.decisions,
     )

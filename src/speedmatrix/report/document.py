@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from .. import atomic, charts, experiment, workloads
+from .. import atomic, charts, decide, experiment, workloads
 from . import sections
 from .table import Block, Bullets, Heading, Image, Para, html_page, markdown
 
@@ -44,11 +44,40 @@ def server_section(sid: str, m: pd.DataFrame) -> list[Block]:
     return out
 
 
+def decision_blocks(matrix: pd.DataFrame, decisions: pd.DataFrame | None, targets: list) -> list[Block]:
+    """Targets, the best config per target, the best sweep point, the Pareto frontier, goodput per cell."""
+    best = decide.best_configs(decisions)
+    sweep_best = decide.best_sweep_points(matrix)
+    points = decide.frontier(decide.pareto_points(matrix))
+    per = "GPU" if (pd.to_numeric(matrix.get("gpus"), errors="coerce") > 0).any() else "server"
+    body = [
+        *_section("Latency targets", "A request meets a target when its TTFT, its time per output token after the "
+                  "first (TPOT) and its end-to-end latency are within the limits; a cell holds the target when, "
+                  "for each limit, that percentile of its requests is within it (MLPerf's rule; failed requests "
+                  "count as late). Goodput: output tok/s of the requests that met it. A miss is a fact, not an "
+                  "error.", sections.targets_table(targets), level=3),
+        *_section("Best config per target", "Among the cells where the target holds, the server config with the "
+                  "highest goodput at each context (and at which concurrency), with the 95 % interval of its repeats "
+                  "where it has them, and the best other config.", sections.best_config_table(best), level=3),
+        *_section("Best sweep point per concurrency", "For each sweep: the point with the highest output tok/s at "
+                  "each context and concurrency, and the runner-up. Where their intervals overlap, the repeats "
+                  "cannot tell them apart.", sections.sweep_best_table(sweep_best), level=3),
+        *_section("Pareto frontier", f"Output tok/s per user (the cell's output rate over its mean number of "
+                  f"requests in flight) against output tok/s per {per}, over every capacity and decode cell of "
+                  "every server config: the frontier's points are those no other cell beats on both (chart: "
+                  "Pareto frontier).", sections.pareto_table(points, per), level=3),
+        *_section("Goodput per cell", "Each throughput and search cell against each target: whether it holds, the "
+                  "share of its requests that met it, the goodput.", sections.goodput_table(decisions), level=3),
+    ]
+    return [Heading(2, "Decisions"), *body] if body else []
+
+
 def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str, Any], chart_links: dict[str, str],
            experiment_name: str, description: str = "", loop_settings: dict[str, Any] | None = None,
            sweeps: list[tuple[dict[str, Any], list[Any]]] | None = None, gates: list[dict[str, Any]] | None = None,
            models_lock: dict[str, Any] | None = None,
-           references: list[dict[str, Any]] | None = None) -> list[Block]:
+           references: list[dict[str, Any]] | None = None, decisions: pd.DataFrame | None = None,
+           targets: list | None = None) -> list[Block]:
     out: list[Block] = [Heading(1, experiment_name)]
     if description:
         out.append(Para(" ".join(description.split())))
@@ -64,6 +93,7 @@ def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
                          for k, v in sweep["vary"].items())
         out += _section(sweep.get("title") or f"Sweep {sweep['id']}", f"Sweep `{sweep['id']}`: {vary}.",
                         sections.sweep_tables(matrix, servers))
+    out += decision_blocks(matrix, decisions, targets or [])
     synthesized = [n for n, m in ((models_lock or {}).get("models") or {}).items() if m.get("source") == "synthesize"]
     if synthesized:
         out.append(Para(f"Models with random weights ({', '.join(synthesized)}): the serving speed of their shape "
@@ -108,7 +138,8 @@ def write(path_md: str | Path, path_html: str | Path, doc: list[Block], title: s
 
 def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_path: str, launch_paths: list[str],
           out: dict[str, str], gate_paths: list[str] = (), models_lock_path: str | None = None,
-          reference_paths: list[str] = (), loop_settings: dict[str, Any] | None = None) -> None:
+          reference_paths: list[str] = (), loop_settings: dict[str, Any] | None = None,
+          decisions_path: str | None = None) -> None:
     """The report rule: the charts (HTML + PNG), report.md and report.html.
 
     ``loop_settings`` replaces the experiment's ``loops:`` in the text (a re-derivation under
@@ -127,7 +158,9 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
     gates = [atomic.read_json(p) for p in gate_paths]
     models_lock = atomic.read_json(models_lock_path) if models_lock_path else None
     references = [atomic.read_json(p) for p in reference_paths]
+    decisions = pd.read_parquet(decisions_path) if decisions_path and Path(decisions_path).exists() else None
     doc = blocks(matrix, startups, lock, chart_links, exp.name, exp.raw.get("description", ""),
-                 exp.loops if loop_settings is None else loop_settings, sweeps, gates, models_lock, references)
+                 exp.loops if loop_settings is None else loop_settings, sweeps, gates, models_lock, references,
+                 decisions, exp.targets)
     write(out["md"], out["html"], doc, exp.name)
     print(f"report: {out['md']}")

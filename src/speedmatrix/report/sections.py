@@ -330,3 +330,93 @@ def runtime_lines(lock: dict[str, Any], models_lock: dict[str, Any] | None) -> l
         else:
             out.append(f"model `{name}`: synthesized `{m.get('preset')}` ({m.get('weights', 'random weights')})")
     return out
+
+
+# ---- decisions (speedmatrix.slo, speedmatrix.decide) ---------------------------------------------------
+
+def targets_table(targets: list) -> Table | None:
+    if not targets:
+        return None
+    t = Table(["Target", "Percentile", "TTFT", "TPOT", "End to end", "From"])
+    for x in targets:
+        t.add(f"`{x.name}`", f"p{x.percentile:g}", fmt.ms(x.ttft_ms), fmt.ms(x.tpot_ms), fmt.ms(x.e2e_ms),
+              x.preset or "the experiment")
+    return t
+
+
+def _holds(v: Any) -> str:
+    return "—" if fmt.missing(v) else ("holds" if bool(v) else "misses")
+
+
+def goodput_table(decisions: pd.DataFrame) -> Table | None:
+    """Each cell judged against each target: whether it holds at the target's percentile, the share of requests
+    that met it, and the goodput (output tok/s of those requests)."""
+    if decisions is None or decisions.empty:
+        return None
+    d = decisions[decisions["workload"].map(lambda k: workloads.get(k).throughput or workloads.get(k).searches)]
+    if d.empty:
+        return None
+    names = list(dict.fromkeys(d["slo"]))
+    t = Table(["Server config", "Cell", *(f"`{n}`" for n in names)])
+    d = by_phase(d, "server_id", "context_tokens", "concurrency")
+    for (sid, _cid), g in d.groupby(["server_id", "cell_id"], sort=False):
+        by = {r.slo: r for r in g.itertuples()}
+        cells = []
+        for n in names:
+            r = by.get(n)
+            cells.append("—" if r is None else
+                         f"{_holds(r.slo_met)}: {fmt.pct(r.attainment)} met, {fmt.num(r.goodput_tok_s)} tok/s")
+        first = g.iloc[0]
+        kind = workloads.get(first["workload"])
+        if kind.searches:  # its row's concurrency is the load the search found
+            found = "none" if fmt.missing(first["concurrency"]) or not first["concurrency"] else \
+                f"c{int(first['concurrency'])}"
+            label = f"{kind.title} {fmt.ctx(int(first['context_tokens']))}: {found}"
+        else:
+            label = f"{kind.title} {kind.cell_label(first)}"
+        t.add(sid, label, *cells)
+    return t
+
+
+def best_config_table(best: pd.DataFrame) -> Table | None:
+    if best is None or best.empty:
+        return None
+    t = Table(["Target", "Kind", "Context", "Best config", "At", "Goodput tok/s", "Runner-up", "Its goodput",
+               "Margin", "Configs meeting"])
+    for r in best.itertuples():
+        kind = workloads.get(r.workload)
+        if fmt.missing(r.best_server):
+            t.add(f"`{r.slo}`", kind.title, fmt.ctx(int(r.context_tokens)), "none meets it", "—", "—", "—", "—",
+                  "—", f"0 of {r.configs_tried}")
+            continue
+        t.add(f"`{r.slo}`", kind.title, fmt.ctx(int(r.context_tokens)), r.best_server, f"c{int(r.concurrency)}",
+              with_interval(r, "goodput_tok_s", fmt.num),
+              "—" if fmt.missing(r.runner_up_server) else f"{r.runner_up_server} at c{int(r.runner_up_concurrency)}",
+              fmt.num(r.runner_up_goodput_tok_s), "—" if fmt.missing(r.margin_pct) else f"{r.margin_pct:+.1f}%",
+              f"{r.configs_meeting} of {r.configs_tried}")
+    return t
+
+
+def sweep_best_table(best: pd.DataFrame) -> Table | None:
+    if best is None or best.empty:
+        return None
+    t = Table(["Sweep", "Kind", "Context", "Concurrency", "Best point", "tok/s", "Runner-up", "Its tok/s", "Margin",
+               "Intervals overlap"])
+    for r in best.itertuples():
+        t.add(r.sweep, workloads.get(r.workload).title, fmt.ctx(int(r.context_tokens)), int(r.concurrency),
+              r.best_point, with_interval(r, "tok_s", fmt.num), r.runner_up_point, fmt.num(r.runner_up_tok_s),
+              "—" if fmt.missing(r.margin_pct) else f"{r.margin_pct:+.1f}%",
+              "yes: not separable" if r.overlapping else "no")
+    return t
+
+
+def pareto_table(points: pd.DataFrame, per: str = "GPU") -> Table | None:
+    """The frontier's points, from the most tok/s per user to the most tok/s per GPU."""
+    if points is None or points.empty or not points["on_frontier"].any():
+        return None
+    cols = ["Run", "Server config", "Cell"] if points["run"].nunique() > 1 else ["Server config", "Cell"]
+    t = Table([*cols, "Status", "tok/s per user", f"tok/s per {per}", "TTFT p50"])
+    for r in points[points["on_frontier"]].sort_values("tok_s_per_user", ascending=False).itertuples():
+        head = [r.run, r.server_id, r.cell_id] if len(cols) == 3 else [r.server_id, r.cell_id]
+        t.add(*head, fmt.status(r.status), fmt.num(r.tok_s_per_user), fmt.num(r.tok_s_per_gpu), fmt.ms(r.ttft_ms))
+    return t

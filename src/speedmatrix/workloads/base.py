@@ -11,6 +11,7 @@ in ``data/schemas/experiment.schema.yaml``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -28,7 +29,8 @@ if TYPE_CHECKING:  # types only: the client is imported where a cell runs
 REGISTRY: dict[str, Workload] = {}
 
 # the part of a cell id after its kind: ctx<N>[-c<M>][-share<P>][-<corpus>]
-CELL_KEY_PATTERN = r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code)?"
+# (a search cell ends in -for-<target>)
+CELL_KEY_PATTERN = r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code)?(-for-[a-z][a-z0-9_]*)?"
 
 
 def _share_label(fraction: float) -> str:
@@ -50,6 +52,13 @@ class Cell:
     shared_prefix: float | None = None  # prefix_cache: fraction of the context shared by every request
     corpus: str = "prose"  # the repository text prompts are cut from (corpus.KINDS)
     repeats: int = 1  # measurements of the cell, one after another in its job (the interval and CV come from them)
+    # a kind's own settings (canonical JSON; slo_search: its target and stopping rule): part of the cell's
+    # definition, so a change measures the cell again
+    options: str = ""
+
+    @property
+    def opts(self) -> dict[str, Any]:
+        return json.loads(self.options) if self.options else {}
 
     @property
     def kind(self) -> Workload:
@@ -64,7 +73,7 @@ class Cell:
             out += f"-share{_share_label(self.shared_prefix)}"
         if self.corpus != "prose":
             out += f"-{self.corpus}"
-        return out
+        return out + self.kind.id_suffix(self)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -79,6 +88,8 @@ class Cell:
             "shared_prefix": self.shared_prefix,
             "corpus": self.corpus,
             "repeats": self.repeats,
+            # only where a kind has settings of its own (the other cells' definitions stay as they were)
+            **({"options": self.opts} if self.options else {}),
         }
 
 
@@ -99,6 +110,7 @@ class CellRun:
     scrape: Callable[[], Awaitable[dict[str, Any]]]  # the server's samples now
 
     repeat: int = 1  # which of the cell's repeats this is (its prompts are its own)
+    kv_tokens: int | None = None  # the live server's KV cache in tokens (None: unknown)
     # prompts wanted while the clock runs: made without calls to the server being measured where it can
     build_in_window: Callable[[list[list[int]]], Awaitable[list]] | None = None
 
@@ -148,6 +160,10 @@ class Workload:
     stability_figure: ClassVar[str] = "output_throughput"
     # extra matrix columns this kind fills (matrix_fields)
     matrix_columns: ClassVar[tuple[str, ...]] = ()
+    # its cells are judged against the experiment's latency targets (speedmatrix.slo): goodput, attainment
+    slo: ClassVar[bool] = True
+    # it searches for a load (slo_search): its concurrency is the search's upper bound, not a load it held
+    searches: ClassVar[bool] = False
 
     # ---- the experiment ----------------------------------------------------
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
@@ -156,6 +172,25 @@ class Workload:
 
     def request_max_tokens(self, cell: Cell) -> int:
         return cell.max_tokens
+
+    def id_suffix(self, cell: Cell) -> str:
+        """What this kind adds to the end of a cell id (CELL_KEY_PATTERN must match it)."""
+        return ""
+
+    def needed_kv_tokens(self, cell: Cell) -> int:
+        """KV tokens the cell needs at once: every request at full context plus its output cap
+        (more than the server has: the cell is over capacity and not sent)."""
+        return cell.concurrency * (cell.context_tokens + cell.max_tokens)
+
+    # ---- latency targets -----------------------------------------------------
+    def slo_targets(self, cell: dict[str, Any], targets: list) -> list:
+        """The experiment's targets this cell is judged on (speedmatrix.slo.Target)."""
+        return list(targets) if self.slo else []
+
+    def slo_scope(self, result: dict[str, Any]) -> tuple[str | None, float | None]:
+        """Which requests a target is judged on (a phase of the requests table, None: all) and the
+        seconds they were measured in (None: the cell's ``measured_s``)."""
+        return None, None
 
     def manual_cell(self, context: int, concurrency: int, requests: int, max_tokens: int, duration_s: float,
                     shared_prefix: float, corpus: str, repeats: int = 1) -> Cell:
