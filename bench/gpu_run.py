@@ -197,12 +197,12 @@ def rederive(ns: argparse.Namespace) -> int:
     aggregate.build(cells, loops, reqs, matrix, work / "requests.parquet")
     outs = {"md": str(dest / f"report{ns.suffix}.md"), "html": str(work / "report.html")}
     for chart in charts.CHARTS:
-        outs[f"{chart.name}_html"] = str(work / f"{chart.name}.html")
         outs[f"{chart.name}_png"] = str(dest / "charts" / f"{chart.name}{ns.suffix}.png")
     document.build(ns.experiment, str(REPO / "config" / "experiments"), str(matrix), str(res / "runtime.lock.json"),
                  [str(p) for p in sorted(res.glob("servers/*/launch.json"))], outs,
                  models_lock_path=str(res / "models.lock"),
-                 reference_paths=[str(p) for p in sorted(res.glob("reference/*/*.json"))], loop_settings=settings)
+                 reference_paths=[str(p) for p in sorted(res.glob("reference/*/*.json"))], loop_settings=settings,
+                 requests_path=str(work / "requests.parquet"), captions_dir=str(REPO / "docs" / "captions"))
     print(f"wrote {matrix.relative_to(REPO)} and {Path(outs['md']).relative_to(REPO)}")
     return 0
 

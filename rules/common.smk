@@ -215,10 +215,10 @@ def job_threads(wildcards):
 
 
 def chart_outputs():
-    # every chart of speedmatrix.charts.CHARTS: <name>_html and <name>_png (the PNG with its caption)
+    # the PNG of every chart this experiment can have data for (with its caption); the
+    # interactive charts live in report.html
     out = {}
-    for chart in sm_charts.CHARTS:
-        out[f"{chart.name}_html"] = f"{RESULTS}/charts/{chart.name}.html"
+    for chart in sm_charts.applicable(EXP):
         out[f"{chart.name}_png"] = report(
             f"{RESULTS}/charts/{chart.name}.png",
             caption=f"../docs/captions/{chart.name}.rst",

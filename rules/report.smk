@@ -1,10 +1,13 @@
-# The report: report.md / report.html and every chart of speedmatrix.charts.CHARTS
-# (HTML + PNG; a chart without data is a placeholder and is left out of the
-# report). Each chart's caption for `snakemake --report` is docs/captions/<name>.rst.
+# The report: report.md, a self-contained report.html (interactive charts, the
+# Vega code inlined: it opens offline) and the PNG of every chart the
+# experiment can have data for (speedmatrix.charts.applicable); a chart that
+# finds no rows is a placeholder PNG, left out of both reports. Each chart's
+# caption (report.html and `snakemake --report`) is docs/captions/<name>.rst.
 rule report:
     input:
         matrix=f"{RESULTS}/matrix.parquet",
         decisions=f"{RESULTS}/decisions.parquet",
+        requests=f"{RESULTS}/requests.parquet",
         lock=f"{RESULTS}/runtime.lock.json",
         launches=startup_files(),
         gates=gate_files(),
@@ -25,5 +28,7 @@ rule report:
     params:
         experiment=config["experiment"],
         experiments_dir=config["experiments_dir"],
+        # the charts' captions (the same text as snakemake --report's)
+        captions="docs/captions",
     script:
         "../workflow/scripts/report.py"

@@ -62,10 +62,15 @@ def test_default_run_produces_the_output_contract(full_run):
         assert cj["provenance"]["runtime_ref"] == lock["runtime_ref"]
         assert (res / "cells" / cell.server_id / f"{cell.id}.requests.parquet").exists()
         assert (res / "loops" / cell.server_id / f"{cell.id}.json").exists()
-    for f in ("matrix.parquet", "requests.parquet", "report.md", "report.html", "charts/heatmap.html",
-              "charts/heatmap.png"):
+    for f in ("matrix.parquet", "requests.parquet", "decisions.parquet", "report.md", "report.html",
+              "charts/heatmap.png", "charts/timeline.png"):
         assert (res / f).stat().st_size > 0, f
     assert (res / "charts/heatmap.png").read_bytes()[:4] == b"\x89PNG"
+    # one self-contained page: the charts' specs and the Vega code inline, nothing loaded from elsewhere;
+    # no GPU chart on the CPU (tests/test_browser.py opens such a page in chromium)
+    page = (res / "report.html").read_text()
+    assert page.count('class="vega"') >= 7 and "window.vegaEmbed" in page and "<script src=" not in page
+    assert not (res / "charts/gpu.png").exists()
 
 
 def test_matrix_is_real_and_complete(full_run):

@@ -1,16 +1,23 @@
-"""Charts with Altair, saved as HTML and PNG (vl-convert).
+"""Charts with Altair: interactive in report.html (their Vega-Lite specs, drawn by the Vega code inlined in the
+page), PNG (vl-convert) for report.md and ``snakemake --report``.
 
 Each chart is a :class:`Chart` in :data:`CHARTS`: its ``data`` picks the rows
-it draws from matrix.parquet (``None`` when there are none), its ``draw``
-makes the Altair chart from them. A chart with no data says so itself: it is
-saved as a one-line placeholder and left out of the report.
+it draws from matrix.parquet, or from requests.parquet for the per-request
+views (``None`` when there are none), its ``draw`` makes the Altair chart from
+them, and ``applies`` says from the experiment alone whether it can have data
+(the workflow declares only those charts: a CPU run has no GPU chart). A chart
+that applies but finds no rows is saved as a one-line placeholder and left out
+of the report. Every chart has tooltips with its cells' figures; where it has a
+colour legend, a click on the legend filters it.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import altair as alt
 import pandas as pd
@@ -32,6 +39,13 @@ def _none_if_empty(d: pd.DataFrame) -> pd.DataFrame | None:
     return None if d.empty else d
 
 
+def legend_filter(field: str) -> tuple[Any, Any]:
+    """A selection bound to the colour legend of ``field`` and the opacity that shows it: click a legend entry
+    to keep only its marks (shift-click for several; click the background to show all)."""
+    pick = alt.selection_point(fields=[field], bind="legend")
+    return pick, alt.condition(pick, alt.value(1.0), alt.value(0.12))
+
+
 def heatmap_data(d: pd.DataFrame) -> pd.DataFrame | None:
     d = d.copy()
     d["label"] = [fmt.num(v) if s == "valid" else fmt.status(s) for s, v in zip(d["status"], d["total_tok_s"],
@@ -50,7 +64,13 @@ def decode_heatmap(d: pd.DataFrame) -> alt.Chart:
         color=alt.Color("tok_s:Q", title="total tok/s", scale=alt.Scale(scheme="viridis")),
         tooltip=["server_id", "context_tokens", "concurrency", "status", "total_tok_s", "ttft_ms", "itl_ms"],
     )
-    text = base.mark_text(fontSize=10).encode(text="label:N", color=alt.value("black"))
+    # viridis runs from dark (few tok/s) to light: white labels on the darker half, black on the lighter;
+    # a cell with no figure (a status) has no colour and a black label
+    mid = float(d["tok_s"].min() + d["tok_s"].max()) / 2 if d["tok_s"].notna().any() else 0.0
+    text = base.mark_text(fontSize=10).encode(
+        text="label:N",
+        color=alt.condition(f"isValid(datum.tok_s) && datum.tok_s < {mid}", alt.value("white"), alt.value("black")),
+        tooltip=["server_id", "context_tokens", "concurrency", "status", "total_tok_s", "ttft_ms", "itl_ms"])
     return (
         alt.layer(rect, text, data=d)
         .properties(width=90 * max(1, d["concurrency"].nunique()), height=36 * max(1, d["context_tokens"].nunique()))
@@ -67,14 +87,17 @@ def throughput_data(matrix: pd.DataFrame) -> pd.DataFrame | None:
 
 def throughput_concurrency(d: pd.DataFrame) -> alt.Chart:
     """Total output tok/s against requests at once, one line per context, per server config."""
+    pick, shown = legend_filter("context")
     return (
         alt.Chart(d).mark_line(point=True).encode(
+            opacity=shown,
             x=alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="simultaneous requests"),
             y=alt.Y("total_tok_s:Q", title="total output tok/s"),
             color=alt.Color("context:N", title="context", sort=alt.SortField("context_tokens")),
             strokeDash=alt.StrokeDash("workload:N"),
-            tooltip=["server_id", "workload", "context_tokens", "concurrency", "total_tok_s", "ttft_ms"],
-        ).properties(width=260, height=200)
+            tooltip=["server_id", "workload", "context_tokens", "concurrency", "status", "total_tok_s",
+                     "tok_s_per_user", "ttft_ms", "itl_ms"],
+        ).add_params(pick).properties(width=260, height=200)
         .facet(facet=alt.Facet("server_id:N", title="server config"), columns=4)
         .properties(title="Throughput against concurrency, per context")
     )
@@ -87,14 +110,16 @@ def ttft_data(matrix: pd.DataFrame) -> pd.DataFrame | None:
 
 def ttft_context(d: pd.DataFrame) -> alt.Chart:
     """Median TTFT against prompt length (one-request-at-a-time cells), one line per server config."""
+    pick, shown = legend_filter("server_id")
     return (
         alt.Chart(d).mark_line(point=True).encode(
+            opacity=shown,
             x=alt.X("context_tokens:Q", scale=alt.Scale(type="log", base=2), title="prompt tokens"),
             y=alt.Y("ttft_ms:Q", title="median TTFT (ms)"),
             color=alt.Color("server_id:N", title="server config"),
             strokeDash=alt.StrokeDash("workload:N"),
-            tooltip=["server_id", "workload", "context_tokens", "ttft_ms", "prompt_tok_s"],
-        ).properties(width=420, height=260, title="TTFT against context")
+            tooltip=["server_id", "workload", "context_tokens", "status", "ttft_ms", "p95_ttft_ms", "prompt_tok_s"],
+        ).add_params(pick).properties(width=420, height=260, title="TTFT against context")
     )
 
 
@@ -106,14 +131,15 @@ def spec_data(matrix: pd.DataFrame) -> pd.DataFrame | None:
 
 def spec_sweep(d: pd.DataFrame) -> alt.Chart:
     """Output tok/s and acceptance rate against speculative tokens (cells with the same shape across configs)."""
+    pick, shown = legend_filter("cell_id")
     base = alt.Chart(d).encode(x=alt.X("spec_tokens:O", title="speculative tokens"),
-                               color=alt.Color("cell_id:N", title="cell"))
+                               color=alt.Color("cell_id:N", title="cell"), opacity=shown)
     tok = base.mark_line(point=True).encode(y=alt.Y("mean(total_tok_s):Q", title="output tok/s"),
                                             tooltip=["cell_id", "spec_tokens", "mean(total_tok_s)"])
     acc = base.mark_line(point=True, strokeDash=[4, 3]).encode(
         y=alt.Y("mean(spec_acceptance_rate):Q", title="acceptance rate", scale=alt.Scale(domain=[0, 1])),
         tooltip=["cell_id", "spec_tokens", "mean(spec_acceptance_rate)"])
-    return alt.hconcat(tok.properties(width=300, height=220, title="tok/s"),
+    return alt.hconcat(tok.add_params(pick).properties(width=300, height=220, title="tok/s"),
                        acc.properties(width=300, height=220, title="acceptance (random weights: meaningless)")
                        ).properties(title="Speculative decoding sweep")
 
@@ -134,7 +160,8 @@ def prefix_data(d: pd.DataFrame) -> pd.DataFrame | None:
 def prefix_cache(long: pd.DataFrame) -> alt.Chart:
     """Cold against warm pass per sharing ratio: mean TTFT and token hit rate."""
     base = alt.Chart(long).encode(x=alt.X("pass:N", title=None), color=alt.Color("pass:N"),
-                                  column=alt.Column("share:N", title=None))
+                                  column=alt.Column("share:N", title=None),
+                                  tooltip=["server_id", "share", "pass", "mean_ttft_ms", "hit_rate"])
     return alt.vconcat(
         base.mark_bar().encode(y=alt.Y("mean(mean_ttft_ms):Q", title="mean TTFT (ms)")).properties(width=90),
         base.mark_bar().encode(y=alt.Y("mean(hit_rate):Q", title="token hit rate",
@@ -152,9 +179,10 @@ def gpu_data(matrix: pd.DataFrame) -> pd.DataFrame | None:
 
 def gpu_telemetry(d: pd.DataFrame) -> alt.Chart:
     """GPU power and energy per output token against concurrency, one line per context."""
+    pick, shown = legend_filter("context")
     base = alt.Chart(d).encode(
         x=alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="simultaneous requests"),
-        color=alt.Color("context:N", title="context", sort=alt.SortField("context_tokens")),
+        color=alt.Color("context:N", title="context", sort=alt.SortField("context_tokens")), opacity=shown,
     )
     power = base.mark_line(point=True).encode(
         y=alt.Y("mean(gpu_power_w):Q", title="GPU power (W)"),
@@ -163,7 +191,7 @@ def gpu_telemetry(d: pd.DataFrame) -> alt.Chart:
         y=alt.Y("mean(gpu_energy_per_output_token_j):Q", title="energy per output token (J)",
                 scale=alt.Scale(type="log")),
         tooltip=["server_id", "context_tokens", "concurrency", "gpu_energy_per_output_token_j"])
-    return alt.hconcat(power.properties(width=300, height=220, title="power"),
+    return alt.hconcat(power.add_params(pick).properties(width=300, height=220, title="power"),
                        energy.properties(width=300, height=220, title="energy per output token")
                        ).properties(title="GPU telemetry (NVML, measurement windows only)")
 
@@ -187,14 +215,92 @@ def pareto(d: pd.DataFrame) -> alt.Chart:
     x = alt.X("tok_s_per_user:Q", title="output tok/s per user", scale=alt.Scale(type="log"))
     y = alt.Y("tok_s_per_gpu:Q", title=f"output tok/s per {per}", scale=alt.Scale(type="log"))
     series = "run:N" if d["run"].nunique() > 1 else "server_id:N"
+    pick, shown = legend_filter(series[:-2])
     tooltip = ["label", "status", "concurrency", "context_tokens", "tok_s_per_user", "tok_s_per_gpu", "ttft_ms"]
     dots = alt.Chart(d).mark_point(filled=True, size=60).encode(
-        x=x, y=y, color=alt.Color(series, title="run" if series == "run:N" else "server config"),
-        shape=alt.Shape("frontier:N", title=None), tooltip=tooltip)
+        x=x, y=y, color=alt.Color(series, title="run" if series == "run:N" else "server config"), opacity=shown,
+        shape=alt.Shape("frontier:N", title=None), tooltip=tooltip).add_params(pick)
     front = d[d["on_frontier"]].sort_values("tok_s_per_user")
     line = alt.Chart(front).mark_line(interpolate="step-before", color="black", strokeDash=[4, 3]).encode(x=x, y=y)
     return alt.layer(line, dots).properties(width=480, height=320,
                                              title="Pareto frontier: tok/s per user against tok/s per " + per)
+
+
+def _usable_throughput(matrix: pd.DataFrame) -> pd.DataFrame:
+    return _valid(matrix)[lambda m: m["workload"].isin(_kinds("throughput"))]
+
+
+def timeline_cell(matrix: pd.DataFrame) -> tuple[str, str] | None:
+    """The cell the timeline shows: of the first server config, the usable throughput cell with the most
+    requests at once (then the longest context)."""
+    d = _usable_throughput(matrix)
+    if d.empty:
+        return None
+    d = d.sort_values(["server_id", "concurrency", "context_tokens"], ascending=[True, False, False])
+    r = d.iloc[0]
+    return str(r["server_id"]), str(r["cell_id"])
+
+
+def timeline_data(matrix: pd.DataFrame, requests: pd.DataFrame | None) -> pd.DataFrame | None:
+    pick = timeline_cell(matrix)
+    if pick is None or requests is None or requests.empty:
+        return None
+    sid, cid = pick
+    r = requests[(requests["server_id"] == sid) & (requests["cell_id"] == cid)]
+    if "repeat" in r:
+        r = r[r["repeat"] == r["repeat"].min()]
+    r = r.sort_values("start_s").head(300)
+    if r.empty:
+        return None
+    first = r["start_s"] + r["ttft_ms"].fillna(0) / 1000.0
+    return pd.DataFrame({"cell": f"{sid} · {cid}", "request": range(1, len(r) + 1), "start_s": r["start_s"],
+                         "first_token_s": first.where(r["ttft_ms"].notna()), "end_s": r["end_s"],
+                         "ttft_ms": r["ttft_ms"], "output_tokens": r["output_tokens"],
+                         "cut_at_window_end": r["cut_at_window_end"], "error": r["error"]})
+
+
+def timeline(d: pd.DataFrame) -> alt.Chart:
+    """Each request of one cell: waiting for its first token (grey), then streaming (blue), in start order."""
+    y = alt.Y("request:O", title="request (in start order)", axis=alt.Axis(labels=len(d) <= 60))
+    tip = ["request", "start_s", "ttft_ms", "end_s", "output_tokens", "cut_at_window_end", "error"]
+    wait = alt.Chart(d).mark_rule(color="#bbbbbb", strokeWidth=3).encode(
+        x=alt.X("start_s:Q", title="seconds since the cell's start"), x2="first_token_s:Q", y=y, tooltip=tip)
+    stream = alt.Chart(d).mark_rule(color="#3b75af", strokeWidth=3).encode(x="first_token_s:Q", x2="end_s:Q", y=y,
+                                                                           tooltip=tip)
+    first = alt.Chart(d).mark_tick(color="black", thickness=1).encode(x="first_token_s:Q", y=y, tooltip=tip)
+    return alt.layer(wait, stream, first).properties(
+        width=640, height=min(600, 8 * len(d) + 40),
+        title=f"Request timeline of {d['cell'].iloc[0]}: waiting for the first token (grey), streaming (blue)")
+
+
+def latency_data(matrix: pd.DataFrame, requests: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Per request of every usable throughput cell: TTFT and its mean gap between streamed events."""
+    d = _usable_throughput(matrix)
+    if d.empty or requests is None or requests.empty:
+        return None
+    keep = set(zip(d["server_id"], d["cell_id"]))
+    r = requests[[k in keep for k in zip(requests["server_id"], requests["cell_id"])]]
+    r = r.groupby(["server_id", "cell_id"], sort=False).head(500)  # a page stays small on a long GPU run
+    if r.empty:
+        return None
+    gaps = (r["end_s"] - r["start_s"] - r["ttft_ms"] / 1000.0) / (r["chunks"] - 1)
+    return pd.DataFrame({"server_id": r["server_id"], "cell_id": r["cell_id"], "ttft_ms": r["ttft_ms"],
+                         "itl_ms": (gaps * 1000.0).where(r["chunks"] >= 2)})
+
+
+def latency_distributions(d: pd.DataFrame) -> alt.Chart:
+    """TTFT and the mean gap between streamed events, per request, as a box per cell (one colour a config)."""
+    # (no legend filter: a selection on a box plot, a composite mark, is added once per part and Vega
+    # refuses the duplicate signal)
+    base = alt.Chart(d).encode(x=alt.X("cell_id:N", title=None, sort=None),
+                               color=alt.Color("server_id:N", title="server config"))
+    ttft = base.mark_boxplot(extent="min-max").encode(
+        y=alt.Y("ttft_ms:Q", title="TTFT (ms)", scale=alt.Scale(type="log")), xOffset="server_id:N")
+    itl = base.mark_boxplot(extent="min-max").encode(
+        y=alt.Y("itl_ms:Q", title="mean ITL of a request (ms)", scale=alt.Scale(type="log")), xOffset="server_id:N")
+    return alt.vconcat(ttft.properties(width=640, height=200, title="TTFT per request"),
+                       itl.properties(width=640, height=200, title="mean gap between streamed events, per request")
+                       ).properties(title="Latency distributions per cell")
 
 
 def placeholder(text: str) -> alt.Chart:
@@ -202,45 +308,78 @@ def placeholder(text: str) -> alt.Chart:
         width=400, height=60)
 
 
-def save_chart(chart: alt.Chart, html: str | Path, png: str | Path) -> None:
-    chart.save(str(html))
+@functools.lru_cache(maxsize=1)
+def vega_js() -> str:
+    """Vega, Vega-Lite and vega-embed as one script (vl-convert ships them: no download), about 0.9 MB;
+    it sets window.vegaEmbed. A page includes it once, however many charts it has."""
+    import vl_convert
+
+    return vl_convert.javascript_bundle()
+
+
+def save_png(chart: alt.Chart, png: str | Path) -> None:
     chart.save(str(png), scale_factor=2)
+
+
+def _kinds_in(exp: Any) -> set[str]:
+    return {c.workload for c in exp.cells()}
 
 
 @dataclass(frozen=True)
 class Chart:
     """One chart of the report: its file name, title, rows and drawing."""
 
-    name: str  # charts/<name>.html and .png; the report rule's outputs <name>_html, <name>_png
+    name: str  # charts/<name>.png; the report rule's output <name>_png
     title: str
-    data: Callable[[pd.DataFrame], pd.DataFrame | None]
+    data: Callable[..., pd.DataFrame | None]  # (matrix) or, for source "requests", (matrix, requests)
     draw: Callable[[pd.DataFrame], alt.Chart]
     empty: str  # what the placeholder says when there is no data
     kind: str | None = None  # a chart of one workload kind gets only that kind's rows
+    source: str = "matrix"  # "requests": drawn from requests.parquet (per-request views)
+    # from the experiment alone: can this chart have data? (the workflow declares only those that can)
+    applies: Callable[[Any], bool] = lambda exp: True
 
-    def chart(self, matrix: pd.DataFrame) -> alt.Chart | None:
+    def chart(self, matrix: pd.DataFrame, requests: pd.DataFrame | None = None) -> alt.Chart | None:
         rows = matrix if self.kind is None else matrix[matrix["workload"] == self.kind]
-        d = self.data(rows) if len(rows) else None
+        if not len(rows):
+            return None
+        d = self.data(rows, requests) if self.source == "requests" else self.data(rows)
         return None if d is None else self.draw(d)
 
-    def save(self, matrix: pd.DataFrame, html: str | Path, png: str | Path) -> bool:
-        """Draw and save the chart; with no data, a placeholder. True when the chart has data."""
-        chart = self.chart(matrix)
-        save_chart(placeholder(self.empty) if chart is None else chart, html, png)
-        return chart is not None
+    def save(self, matrix: pd.DataFrame, png: str | Path, requests: pd.DataFrame | None = None) -> alt.Chart | None:
+        """Draw the chart and save its PNG (a placeholder when there is no data); the chart, or None."""
+        chart = self.chart(matrix, requests)
+        save_png(placeholder(self.empty) if chart is None else chart, png)
+        return chart
+
+
+def _throughput_cells(exp: Any) -> bool:
+    return bool(_kinds_in(exp) & set(_kinds("throughput")))
 
 
 CHARTS = [
     Chart("heatmap", "Sustained decode heatmap", heatmap_data, decode_heatmap, "no sustained-decode cells",
-          kind="decode"),
+          kind="decode", applies=lambda exp: "decode" in _kinds_in(exp)),
     Chart("throughput", "Throughput against concurrency", throughput_data, throughput_concurrency,
-          "no valid decode or capacity cells"),
-    Chart("ttft", "TTFT against context", ttft_data, ttft_context, "no prefill or latency cells"),
+          "no valid decode or capacity cells", applies=_throughput_cells),
+    Chart("ttft", "TTFT against context", ttft_data, ttft_context, "no prefill or latency cells",
+          applies=lambda exp: bool(_kinds_in(exp) & set(_kinds("one_at_a_time")))),
     Chart("spec", "Speculative decoding sweep", spec_data, spec_sweep,
-          "no cell measured at more than one speculative-token setting"),
+          "no cell measured at more than one speculative-token setting",
+          applies=lambda exp: len({s.spec_tokens for s in exp.servers}) > 1),
     Chart("prefix", "Prefix cache cold against warm", prefix_data, prefix_cache, "no prefix-cache cells",
-          kind="prefix_cache"),
+          kind="prefix_cache", applies=lambda exp: "prefix_cache" in _kinds_in(exp)),
     Chart("gpu", "GPU power and energy per token", gpu_data, gpu_telemetry,
-          "no GPU telemetry (NVML absent: CPU run)"),
-    Chart("pareto", "Pareto frontier", pareto_data, pareto, "no valid capacity or decode cells"),
+          "no GPU telemetry (NVML absent: CPU run)", applies=lambda exp: exp.runtime.get("device", "gpu") != "cpu"),
+    Chart("pareto", "Pareto frontier", pareto_data, pareto, "no valid capacity or decode cells",
+          applies=_throughput_cells),
+    Chart("timeline", "Request timeline", timeline_data, timeline, "no valid capacity or decode cells",
+          source="requests", applies=_throughput_cells),
+    Chart("latency", "Latency distributions", latency_data, latency_distributions,
+          "no valid capacity or decode cells", source="requests", applies=_throughput_cells),
 ]
+
+
+def applicable(exp: Any) -> list[Chart]:
+    """The charts the experiment can have data for (the report rule's outputs)."""
+    return [c for c in CHARTS if c.applies(exp)]

@@ -17,7 +17,7 @@ import pandas as pd
 
 from . import atomic, charts, decide, workloads
 from .report import fmt, sections
-from .report.table import Heading, Image, Para, Table, html_page, markdown
+from .report.table import Figure, Heading, Para, Table, html_page, markdown
 
 FIGURES = [("total_tok_s", "output tok/s", fmt.num), ("ttft_ms", "median TTFT", fmt.ms),
            ("p95_ttft_ms", "p95 TTFT", fmt.ms),
@@ -64,6 +64,13 @@ def matched(a: pd.DataFrame, b: pd.DataFrame, match: str = "server", server_a: s
     return both.sort_values(["server_id", "workload", "context_tokens", "concurrency"])
 
 
+def shown(value, status: str, show) -> str:
+    """A figure where the cell has one (an unstable one marked), else its status."""
+    if status == "valid":
+        return show(value)
+    return f"{show(value)} (Unstable)" if status == "unstable" else fmt.status(status)
+
+
 def table(both: pd.DataFrame) -> Table:
     heads = ["Server config", "Cell"]
     for _, name, _ in FIGURES:
@@ -73,12 +80,15 @@ def table(both: pd.DataFrame) -> Table:
         kind = workloads.get(r.workload)
         cell = f"{r.workload} {fmt.ctx(int(r.context_tokens))}" + ("" if kind.one_at_a_time
                                                                     else f" c{int(r.concurrency)}")
+        if "-share" in str(r.cell_id):  # prefix-cache cells differ by their shared part
+            cell += f" {str(r.cell_id).split('-share')[1].split('-')[0]}% shared"
         vals = [str(r.server_id), cell]
         for col, _, show in FIGURES:
             va, vb = getattr(r, f"{col}_a"), getattr(r, f"{col}_b")
             sa, sb = r.status_a, r.status_b
-            vals += [show(va) if sa == "valid" else fmt.status(sa), show(vb) if sb == "valid" else fmt.status(sb),
-                     fmt.delta(va, vb) if sa == sb == "valid" else "—"]
+            usable = ("valid", "unstable")  # unstable: a figure, with a wide spread (marked)
+            vals += [shown(va, sa, show), shown(vb, sb, show),
+                     fmt.delta(va, vb) if sa in usable and sb in usable else "—"]
         t.add(*vals)
     return t
 
@@ -98,20 +108,65 @@ def chart(both: pd.DataFrame, label_a: str, label_b: str) -> alt.Chart:
     ).properties(width=480, title="Output tok/s, cell by cell")
 
 
+def _run_dir(run: str | Path) -> Path:
+    path = Path(run)
+    return path.parent if path.suffix == ".parquet" else path
+
+
+def _json(path: Path) -> dict:
+    return atomic.read_json(path) if path.exists() else {}
+
+
+def provenance_table(runs: dict[str, str | Path], matrices: dict[str, pd.DataFrame]) -> Table:
+    """Each run's provenance side by side: runtime, vLLM, package set or image, models, hardware, when."""
+    t = Table(["", *runs])
+    locks = {k: _json(_run_dir(r) / "runtime.lock.json") for k, r in runs.items()}
+    models = {k: _json(_run_dir(r) / "models.lock").get("models") or {} for k, r in runs.items()}
+
+    def first(m: pd.DataFrame, col: str) -> str:
+        vals = sorted({str(v) for v in m.get(col, pd.Series(dtype=str)).dropna()})
+        return ", ".join(vals) if vals else "—"
+
+    t.add("experiment", *(first(matrices[k], "experiment") for k in runs))
+    t.add("vLLM", *(first(matrices[k], "vllm_version") for k in runs))
+    t.add("runtime", *(f"`{locks[k].get('image_ref') or locks[k].get('runtime_ref')}`" if locks[k]
+                       else f"`{first(matrices[k], 'runtime_ref')}`" for k in runs))
+    t.add("package set sha256", *(str(locks[k].get("packages_sha256") or "—")[:16] for k in runs))
+    t.add("models", *("; ".join(f"{n}: {m.get('repo', m.get('preset', ''))} {str(m.get('revision', ''))[:12]}".strip()
+                                for n, m in models[k].items()) or "—" for k in runs))
+    t.add("hardware", *(first(matrices[k], "hostname") + " · " + first(matrices[k], "gpu_name") for k in runs))
+    def when(m: pd.DataFrame) -> str:
+        t = sorted(str(v) for v in m.get("started_at", pd.Series(dtype=str)).dropna())
+        return f"{t[0]} to {t[-1]}" if t else "—"
+
+    t.add("measured", *(when(matrices[k]) for k in runs))
+    return t
+
+
 def compare(run_a: str, run_b: str, out_dir: str | None = None, match: str = "server",
             server_a: str | None = None, server_b: str | None = None) -> str:
-    """The comparison table (markdown); with ``out_dir`` also compare.md, compare.html and the chart."""
-    both = matched(load_matrix(run_a), load_matrix(run_b), match, server_a, server_b)
+    """The comparison table (markdown); with ``out_dir`` also compare.md, compare.png and compare-report.html
+    (one self-contained page: the table, the interactive chart and both runs' provenance)."""
+    ma, mb = load_matrix(run_a), load_matrix(run_b)
+    both = matched(ma, mb, match, server_a, server_b)
     doc = [Heading(1, "Comparison"),
            Para(f"A = {run_a}; B = {run_b}. Δ is B against A (for TTFT, negative is faster)."), table(both)]
     if out_dir:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        charts.save_chart(chart(both, "A", "B"), out / "compare.html", out / "compare.png")
-        page = [*doc, Image("Output tok/s", "compare.png")]
+        drawn = chart(both, "A", "B")
+        charts.save_png(drawn, out / "compare.png")
+        page = [*doc, Figure("Output tok/s", drawn.to_dict(), "compare.png",
+                             "Each cell present in both runs: A's and B's output tok/s (valid cells only)."),
+                Heading(2, "Provenance"), provenance_table({"A": run_a, "B": run_b}, {"A": ma, "B": mb})]
         atomic.write_bytes(out / "compare.md", markdown(page).encode())
-        atomic.write_bytes(out / "compare-report.html", html_page(page, "Comparison").encode())
+        atomic.write_bytes(out / "compare-report.html", _page(page, "Comparison").encode())
     return markdown(doc)
+
+
+def _page(doc: list, title: str) -> str:
+    return html_page(doc, title, vega_js=charts.vega_js(),
+                     statuses={label: key for key, label in fmt.STATUS_LABEL.items()})
 
 
 def run_name(run: str | Path) -> str:
@@ -139,9 +194,10 @@ def pareto(runs: list[str], out_dir: str | None = None) -> str:
     if out_dir:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        data = charts.pareto_data_from_points(points)
-        charts.save_chart(charts.pareto(data), out / "pareto.html", out / "pareto.png")
-        page = [*doc, Image("Pareto frontier", "pareto.png")]
+        drawn = charts.pareto(charts.pareto_data_from_points(points))
+        charts.save_png(drawn, out / "pareto.png")
+        page = [*doc, Figure("Pareto frontier", drawn.to_dict(), "pareto.png",
+                             "Every valid capacity and decode cell of the runs; the dashed line joins the frontier.")]
         atomic.write_bytes(out / "pareto.md", markdown(page).encode())
-        atomic.write_bytes(out / "pareto-report.html", html_page(page, "Pareto frontier").encode())
+        atomic.write_bytes(out / "pareto-report.html", _page(page, "Pareto frontier").encode())
     return markdown(doc)

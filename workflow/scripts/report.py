@@ -15,4 +15,6 @@ with logs.to_file(snakemake.log[0]):
         models_lock_path=snakemake.input.models_lock,
         reference_paths=snakemake.input.references,
         decisions_path=snakemake.input.decisions,
+        requests_path=snakemake.input.requests,
+        captions_dir=snakemake.params.captions,
     )

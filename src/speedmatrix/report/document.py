@@ -8,8 +8,8 @@ from typing import Any
 import pandas as pd
 
 from .. import atomic, charts, decide, experiment, workloads
-from . import sections
-from .table import Block, Bullets, Heading, Image, Para, html_page, markdown
+from . import fmt, sections
+from .table import Block, Bullets, Figure, Heading, Image, Para, html_page, markdown
 
 
 def _section(title: str, intro: str, body: Any, level: int = 2) -> list[Block]:
@@ -72,7 +72,8 @@ def decision_blocks(matrix: pd.DataFrame, decisions: pd.DataFrame | None, target
     return [Heading(2, "Decisions"), *body] if body else []
 
 
-def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str, Any], chart_links: dict[str, str],
+def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str, Any],
+           chart_links: dict[str, str] | list[Block],
            experiment_name: str, description: str = "", loop_settings: dict[str, Any] | None = None,
            sweeps: list[tuple[dict[str, Any], list[Any]]] | None = None, gates: list[dict[str, Any]] | None = None,
            models_lock: dict[str, Any] | None = None,
@@ -81,7 +82,8 @@ def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
     out: list[Block] = [Heading(1, experiment_name)]
     if description:
         out.append(Para(" ".join(description.split())))
-    out += [Bullets(sections.runtime_lines(lock, models_lock)), Heading(2, "Servers"),
+    out += [Bullets(sections.runtime_lines(lock, models_lock) + sections.run_lines(matrix, startups)),
+            Heading(2, "Servers"),
             sections.servers_table(matrix, startups)]
     if gates:
         out += _section("Quality gates", "Smoke (a short answer that ends by itself), structured JSON (an answer "
@@ -122,7 +124,8 @@ def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
         out += server_section(sid, matrix[matrix["server_id"] == sid])
     if chart_links:
         out.append(Heading(2, "Charts"))
-        out += [Image(title, png) for title, png in chart_links.items()]
+        out += (list(chart_links) if isinstance(chart_links, list)
+                else [Image(title, png) for title, png in chart_links.items()])
     return out
 
 
@@ -131,15 +134,44 @@ def render(*args: Any, **kw: Any) -> str:
     return markdown(blocks(*args, **kw))
 
 
+# label -> the key of its colour (report.table.STATUS_COLOURS)
+STATUS_KEYS = {label: key for key, label in fmt.STATUS_LABEL.items()}
+
+
+def page(doc: list[Block], title: str) -> str:
+    """The self-contained HTML page: the Vega code inlined once, statuses coloured."""
+    return html_page(doc, title, vega_js=charts.vega_js(), statuses=STATUS_KEYS)
+
+
 def write(path_md: str | Path, path_html: str | Path, doc: list[Block], title: str) -> None:
     atomic.write_bytes(path_md, markdown(doc).encode())
-    atomic.write_bytes(path_html, html_page(doc, title).encode())
+    atomic.write_bytes(path_html, page(doc, title).encode())
+
+
+def figures(matrix: pd.DataFrame, requests: pd.DataFrame | None, out: dict[str, str],
+            captions_dir: str | Path | None = None) -> list[Block]:
+    """Every chart the rule declared (``<name>_png`` in ``out``): its PNG saved, and a Figure where it has data."""
+    found: list[Block] = []
+    for chart in charts.CHARTS:
+        png = out.get(f"{chart.name}_png")
+        if png is None:
+            continue
+        drawn = chart.save(matrix, png, requests)
+        if drawn is None:
+            continue
+        cap = Path(captions_dir) / f"{chart.name}.rst" if captions_dir else None
+        caption = " ".join(cap.read_text().split()) if cap and cap.exists() else ""
+        caption = caption.removeprefix(f"{chart.title}:").strip()  # the figure names itself
+        found.append(Figure(chart.title, drawn.to_dict(), str(Path(png).relative_to(Path(out["md"]).parent)),
+                            caption))
+    return found
 
 
 def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_path: str, launch_paths: list[str],
           out: dict[str, str], gate_paths: list[str] = (), models_lock_path: str | None = None,
           reference_paths: list[str] = (), loop_settings: dict[str, Any] | None = None,
-          decisions_path: str | None = None) -> None:
+          decisions_path: str | None = None, requests_path: str | None = None,
+          captions_dir: str | None = None) -> None:
     """The report rule: the charts (HTML + PNG), report.md and report.html.
 
     ``loop_settings`` replaces the experiment's ``loops:`` in the text (a re-derivation under
@@ -149,11 +181,8 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
     lock = atomic.read_json(lock_path)
     startups = [atomic.read_json(Path(p).parent / "startup.json") for p in launch_paths
                 if (Path(p).parent / "startup.json").exists()]
-    chart_links = {}
-    for chart in charts.CHARTS:
-        drawn = chart.save(matrix, out[f"{chart.name}_html"], out[f"{chart.name}_png"])
-        if drawn:
-            chart_links[chart.title] = str(Path(out[f"{chart.name}_png"]).relative_to(Path(out["md"]).parent))
+    requests = pd.read_parquet(requests_path) if requests_path and Path(requests_path).exists() else None
+    chart_links = figures(matrix, requests, out, captions_dir)
     sweeps = [(sw, [s for s in exp.servers if s.sweep == sw["id"]]) for sw in exp.sweeps]
     gates = [atomic.read_json(p) for p in gate_paths]
     models_lock = atomic.read_json(models_lock_path) if models_lock_path else None

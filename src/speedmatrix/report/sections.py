@@ -332,6 +332,23 @@ def runtime_lines(lock: dict[str, Any], models_lock: dict[str, Any] | None) -> l
     return out
 
 
+def run_lines(matrix: pd.DataFrame, startups: list[dict[str, Any]]) -> list[str]:
+    """Where and when: the hosts, their GPUs, the measurement's first and last cell, vLLM as served."""
+    out = []
+    hosts = sorted({str(h) for h in matrix.get("hostname", pd.Series(dtype=str)).dropna()})
+    gpus = sorted({str(g) for g in matrix.get("gpu_name", pd.Series(dtype=str)).dropna()})
+    if hosts:
+        out.append(f"hardware: {', '.join(hosts)}"
+                   + (f" · GPU {', '.join(gpus)}" if gpus else " · CPU (no GPU telemetry)"))
+    started = sorted(str(t) for t in matrix.get("started_at", pd.Series(dtype=str)).dropna())
+    if started:
+        out.append(f"measured: {started[0]} to {started[-1]} ({len(matrix)} cells)")
+    served = sorted({str(s.get("vllm_version")) for s in startups if s.get("vllm_version")})
+    if served:
+        out.append(f"vLLM as served (/version): {', '.join(served)}")
+    return out
+
+
 # ---- decisions (speedmatrix.slo, speedmatrix.decide) ---------------------------------------------------
 
 def targets_table(targets: list) -> Table | None:
