@@ -167,3 +167,26 @@ def test_repeats_measure_a_cell_several_times_in_one_job():
     assert low <= result["output_throughput"] <= high and result["output_throughput_cv"] >= 0
     # every repeat's prompts are its own (no cached prefix is served from an earlier repeat)
     assert len(set(fixture[PROMPTS])) == 12
+
+
+def test_an_slo_search_runs_in_one_job_and_keeps_every_step():
+    from speedmatrix import workloads
+
+    # a target the fixture meets at every load: the search doubles up to its bound and stops there
+    cell = workloads.get("slo_search").manual_cell(32, 8, 4, 8, 0, 0, "prose", target={"ttft_ms": 5000})
+    assert cell.id == "slo_search-ctx32-c8-for-manual"
+    result, records = _measure(cell, app())
+    steps = result["slo_search_steps"]
+    assert [s["concurrency"] for s in steps] == [1, 2, 4, 8] and all(s["holds"] for s in steps)
+    assert result["slo_max_concurrency"] == 8 and result["slo_search_phase"] == "step4"
+    assert [s["requests"] for s in steps] == [4, 4, 8, 16] and len(records) == result["num_requests"] == 32
+    assert sorted(r.index for r in records) == list(range(32))
+    assert {r.phase for r in records} == {"step1", "step2", "step3", "step4"}
+
+
+def test_bench_refuses_an_slo_search_without_a_target(capsys):
+    from speedmatrix import cli
+
+    assert cli.main(["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--workload", "slo_search",
+                     "--context", "32", "--out", "/dev/null"]) == 2
+    assert "slo_search needs a latency target" in capsys.readouterr().err

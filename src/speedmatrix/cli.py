@@ -23,8 +23,15 @@ these subcommands are the pieces a user wants by hand.
 def cmd_bench(ns: argparse.Namespace) -> int:
     from . import atomic, cells
 
-    cell = workloads.get(ns.workload).manual_cell(ns.context, ns.concurrency, ns.requests, ns.max_tokens,
-                                                  ns.duration, ns.shared_prefix, ns.corpus, ns.repeats)
+    target = {k: v for k, v in (("preset", ns.slo_preset), ("ttft_ms", ns.slo_ttft_ms), ("tpot_ms", ns.slo_tpot_ms),
+                                ("e2e_ms", ns.slo_e2e_ms), ("percentile", ns.slo_percentile)) if v is not None}
+    try:
+        cell = workloads.get(ns.workload).manual_cell(ns.context, ns.concurrency, ns.requests, ns.max_tokens,
+                                                      ns.duration, ns.shared_prefix, ns.corpus, ns.repeats,
+                                                      {**target, "margin": ns.slo_margin} if target else None)
+    except (ValueError, SpeedmatrixError) as exc:
+        print(f"speedmatrix bench: {exc}", file=sys.stderr)
+        return 2
     client_cfg = {"stall_timeout_s": ns.stall_timeout, "ignore_eos": ns.ignore_eos, "seed": ns.seed,
                   "busy_wait_s": ns.busy_wait,
                   "usage_per_chunk": {"auto": "auto", "on": True, "off": False}[ns.usage_per_chunk],
@@ -143,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prefill: TTFT and prompt tok/s, one request at a time, prefix cache defeated; decode: a "
                    "closed loop of --concurrency requests for --duration seconds; capacity: --requests requests, "
                    "--concurrency at once; prefix_cache: --requests requests sharing --shared-prefix of the "
-                   "context, a cold pass then a warm pass; latency: --requests requests one at a time")
+                   "context, a cold pass then a warm pass; latency: --requests requests one at a time; slo_search: "
+                   "the highest concurrency up to --concurrency at which the --slo-* target holds")
     b.add_argument("--context", type=int, required=True, help="prompt length in tokens (sized by the server's "
                    "/tokenize)")
     b.add_argument("--concurrency", type=int, default=1, help="requests in flight (decode)")
@@ -180,6 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "measured (without it they come from the server, and the result counts them)")
     b.add_argument("--repeats", type=int, default=1, help="measure the cell this many times; the result gives "
                    "the median, a 95 %% interval (Student's t) and the CV of the repeats")
+    b.add_argument("--slo-preset", help="slo_search: an MLPerf server target (e.g. mlperf-llama3.1-8b-interactive; "
+                   "speedmatrix.slo.PRESETS)")
+    b.add_argument("--slo-ttft-ms", type=float, help="slo_search: TTFT limit (ms)")
+    b.add_argument("--slo-tpot-ms", type=float, help="slo_search: time per output token limit (ms)")
+    b.add_argument("--slo-e2e-ms", type=float, help="slo_search: end-to-end latency limit (ms)")
+    b.add_argument("--slo-percentile", type=float, help="slo_search: the percentile the limits hold at (default 99)")
+    b.add_argument("--slo-margin", type=float, default=0.1, help="slo_search: a step whose percentile is this close "
+                   "to a limit (a fraction of it) is measured twice")
     b.add_argument("--busy-wait", type=float, default=30.0, help="seconds to wait for a server busy with other "
                    "requests to drain before the cell fails")
     b.add_argument("--out", required=True, help="result JSON (requests go beside it as .requests.parquet)")

@@ -193,8 +193,9 @@ class Workload:
         return None, None
 
     def manual_cell(self, context: int, concurrency: int, requests: int, max_tokens: int, duration_s: float,
-                    shared_prefix: float, corpus: str, repeats: int = 1) -> Cell:
-        """A cell from ``speedmatrix bench``'s options, keeping only what this kind uses."""
+                    shared_prefix: float, corpus: str, repeats: int = 1, target: dict[str, Any] | None = None) -> Cell:
+        """A cell from ``speedmatrix bench``'s options, keeping only what this kind uses (``target``: a latency
+        target's block, for a kind that searches)."""
         cell = Cell("manual", self.name, context, 1 if self.one_at_a_time else concurrency, max_tokens,
                     duration_s if self.cut_at_window_end else None, requests,
                     shared_prefix if self.shared_prefix else None, corpus, repeats)

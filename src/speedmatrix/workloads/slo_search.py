@@ -136,6 +136,18 @@ class SloSearch(Workload):
                      repeats=block.get("repeats", 1), options=json.dumps(options, sort_keys=True))
                 for ctx in block["contexts"]]
 
+    def manual_cell(self, context: int, concurrency: int, requests: int, max_tokens: int, duration_s: float,
+                    shared_prefix: float, corpus: str, repeats: int = 1, target: dict[str, Any] | None = None) -> Cell:
+        """``speedmatrix bench --workload slo_search``: --concurrency is the search's upper bound."""
+        if not target:
+            raise ValueError("slo_search needs a latency target: --slo-ttft-ms, --slo-tpot-ms, --slo-e2e-ms "
+                             "(and --slo-percentile), or --slo-preset")
+        t = slo.target("manual", target, "speedmatrix bench")
+        return self.expand("manual", {"contexts": [context], "slo": t.name, "target": t.as_dict(),
+                                      "max_concurrency": concurrency, "requests": requests,
+                                      "max_tokens": max_tokens, "corpus": corpus, "repeats": repeats,
+                                      "margin": target.get("margin", 0.1)})[0]
+
     def id_suffix(self, cell: Cell) -> str:
         return f"-for-{cell.opts['slo']}"
 
