@@ -230,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(two runs of different server configs)")
     c.add_argument("--server-a", help="only this server config of run A")
     c.add_argument("--server-b", help="only this server config of run B")
-    c.add_argument("--out", help="also write compare.md, compare.html and compare.png in this directory")
+    c.add_argument("--out", help="also write compare.md, compare.png and compare-report.html (one self-contained "
+                   "page: the table, the chart, both runs' provenance) in this directory")
     c.set_defaults(func=cmd_compare)
 
     pa = sub.add_parser(
