@@ -1,0 +1,130 @@
+"""Where a finished run's wall time went: server start-ups, measurement windows, and the rest (overhead).
+
+    .venv/bin/python bench/overhead.py results/<experiment> [--out overhead.json]
+
+Reads only what every run leaves behind: each job's log under ``logs/`` (every line starts with the time of
+day, ``[HH:MM:SS]``), ``servers/<id>/starts.jsonl`` (each start's ``startup_seconds``) and the cell JSONs
+(``measured_s``: the cell's measurement windows, repeats summed, as each kind records it: a prefix-cache
+cell's warm pass only, a search's every step; prefill cells record none, so their requests count as overhead).
+Wall time is the first log line to the last (one-second resolution; a run past midnight is unwrapped). Inside
+the cell jobs, the time outside server start-ups and windows is prompt preparation, waits for the server to
+drain, counters and writing; outside the cell jobs, the pin, models, loop verdicts, aggregation and report
+jobs; what no job's log covers is the scheduler's own time and the idle gaps between jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+
+STAMP = re.compile(r"^\[(\d\d):(\d\d):(\d\d)\]")
+
+
+def log_span(path: Path) -> tuple[int, int] | None:
+    """(first, last) second of the day that a job's log lines carry; None for a log without stamps."""
+    secs = []
+    for line in path.read_text(errors="replace").splitlines():
+        m = STAMP.match(line)
+        if m:
+            h, mi, s = (int(x) for x in m.groups())
+            secs.append(h * 3600 + mi * 60 + s)
+    if not secs:
+        return None
+    # a job that ran past midnight: later stamps are smaller than earlier ones
+    out = [secs[0]]
+    for s in secs[1:]:
+        while s < out[-1] - 43200:
+            s += 86400
+        out.append(s)
+    return out[0], max(out)
+
+
+def covered(spans: list[tuple[int, int]]) -> int:
+    """Seconds covered by the union of [a, b] spans (a job whose stamps are all one second covers 1 s)."""
+    total, cur = 0, None
+    for a, b in sorted((a, b + 1) for a, b in spans):
+        if cur is None or a > cur[1]:
+            if cur:
+                total += cur[1] - cur[0]
+            cur = [a, b]
+        else:
+            cur[1] = max(cur[1], b)
+    return total + (cur[1] - cur[0] if cur else 0)
+
+
+def analyse(run: Path) -> dict:
+    spans = {}
+    for log in sorted((run / "logs").rglob("*.log")):
+        span = log_span(log)
+        if span:
+            spans[str(log.relative_to(run / "logs"))] = span
+    if not spans:
+        raise SystemExit(f"{run}: no job log with time stamps under logs/ (is it a finished run's folder?)")
+    # put every span on one axis: in a run that crossed midnight (stamps more than 12 h apart), the jobs that
+    # started after it have small stamps and move a day on
+    starts = [a for a, _ in spans.values()]
+    shift = 86400 if max(starts) - min(starts) > 43200 else 0
+    axis = {k: (a + shift, b + shift) if a < 43200 else (a, b) for k, (a, b) in spans.items()}
+    start, end = min(a for a, _ in axis.values()), max(b for _, b in axis.values())
+    wall = end - start
+    startups = [json.loads(line)["startup_seconds"] for f in sorted(run.glob("servers/*/starts.jsonl"))
+                for line in f.read_text().splitlines() if line.strip()]
+    cells, windows = 0, 0.0
+    for f in sorted(run.glob("cells/*/*.json")):
+        windows += float(json.loads(f.read_text()).get("result", {}).get("measured_s") or 0.0)
+        cells += 1
+    # jobs can overlap (several loop verdicts at once; on a cluster, cells of other configs): count time once
+    cell_jobs = float(covered([v for k, v in axis.items() if k.startswith("cells/")]))
+    any_job = float(covered(list(axis.values())))
+    other_jobs = any_job - cell_jobs  # time some other job ran while no cell job did
+    startup_s = float(sum(startups))
+    in_cells = max(0.0, cell_jobs - windows - startup_s)  # a server starts inside the first cell job that needs it
+    rest = max(0.0, wall + 1 - any_job)
+    parts = {
+        "server start-ups": startup_s,
+        "measurement windows": windows,
+        "cell jobs outside windows and start-ups (prompts, drain waits, counters, writing)": in_cells,
+        "other jobs while no cell measured (pin, models, loops, aggregate, report, gates, reference)": other_jobs,
+        "between jobs (scheduler, idle)": rest,
+    }
+    overhead = wall - startup_s - windows
+    return {
+        "run": str(run),
+        "started": (datetime(2000, 1, 1) + timedelta(seconds=start)).strftime("%H:%M:%S"),
+        "wall_s": wall,
+        "cells": cells,
+        "server_starts": len(startups),
+        "parts_s": parts,
+        "overhead_s": overhead,
+        "overhead_fraction": overhead / wall if wall else None,
+        "note": "one-second log stamps: each part is good to about a second a job",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", type=Path, help="a finished run's folder, results/<experiment>")
+    ap.add_argument("--out", type=Path, help="also write the figures as JSON here")
+    ns = ap.parse_args(argv)
+    if not (ns.run / "logs").is_dir():
+        print(f"overhead: {ns.run}: no logs/ folder (give results/<experiment> of a finished run)", file=sys.stderr)
+        return 2
+    got = analyse(ns.run)
+    print(f"{got['run']}: wall {got['wall_s']:.0f} s from {got['started']}, {got['cells']} cells, "
+          f"{got['server_starts']} server start(s)")
+    for name, secs in got["parts_s"].items():
+        share = secs / got["wall_s"] * 100 if got["wall_s"] else 0.0
+        print(f"  {secs:8.1f} s  {share:5.1f} %  {name}")
+    print(f"overhead (wall - start-ups - windows): {got['overhead_s']:.1f} s, "
+          f"{(got['overhead_fraction'] or 0) * 100:.1f} % of wall")
+    if ns.out:
+        ns.out.write_text(json.dumps(got, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""bench/overhead.py on a constructed run folder whose answer is known (no timing is asserted of anything real)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+from conftest import REPO
+
+spec = importlib.util.spec_from_file_location("overhead", REPO / "bench" / "overhead.py")
+overhead = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(overhead)
+
+
+def write_log(path, *stamps):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"[{s}] line\n" for s in stamps))
+
+
+def test_wall_time_splits_into_start_ups_windows_and_the_rest(tmp_path):
+    run = tmp_path / "run"
+    write_log(run / "logs/pin_runtime.log", "23:59:50", "23:59:51")  # the run crosses midnight
+    write_log(run / "logs/cells/base/decode-a.log", "23:59:55", "00:01:04")  # 70 s: 40 start-up, 20 window
+    write_log(run / "logs/cells/base/decode-b.log", "00:01:05", "00:01:34")  # 30 s: 20 window
+    write_log(run / "logs/loops/base/decode-a.log", "00:01:05", "00:01:06")  # beside a cell: not counted again
+    write_log(run / "logs/report.log", "00:01:40", "00:01:44")
+    (run / "servers/base").mkdir(parents=True)
+    (run / "servers/base/starts.jsonl").write_text(json.dumps({"startup_seconds": 40.0}) + "\n")
+    for name in ("decode-a", "decode-b"):
+        (run / "cells/base").mkdir(parents=True, exist_ok=True)
+        (run / f"cells/base/{name}.json").write_text(json.dumps({"result": {"measured_s": 20.0}}))
+    got = overhead.analyse(run)
+    assert got["wall_s"] == 114 and got["cells"] == 2 and got["server_starts"] == 1
+    parts = list(got["parts_s"].values())
+    # start-ups 40, windows 40, cell jobs 100 s (70 + 30) less both, other jobs alone 2 + 5, gaps 3 + 5 - 0
+    assert parts == [40.0, 40.0, 20.0, 7.0, 8.0] and sum(parts) == got["wall_s"] + 1
+    assert got["overhead_s"] == 34 and round(got["overhead_fraction"], 3) == 0.298
+
+
+def test_a_folder_without_logs_is_refused(tmp_path, capsys):
+    assert overhead.main([str(tmp_path)]) == 2
+    assert "no logs/ folder" in capsys.readouterr().err
