@@ -203,7 +203,7 @@ def pareto_data(matrix: pd.DataFrame) -> pd.DataFrame | None:
 
 def pareto_data_from_points(points: pd.DataFrame) -> pd.DataFrame:
     """Frontier points (decide.frontier) with what the chart shows: frontier or beaten, per GPU or server."""
-    per = "GPU" if (pd.to_numeric(points.get("gpus"), errors="coerce") > 0).any() else "server"
+    per = decide.per_unit(points)
     return points.assign(frontier=points["on_frontier"].map({True: "on the frontier", False: "beaten"}), per=per,
                          label=points["run"] + " · " + points["point"] if points["run"].nunique() > 1
                          else points["point"])

@@ -16,8 +16,8 @@ import altair as alt
 import pandas as pd
 
 from . import atomic, charts, decide, workloads
-from .report import fmt, sections
-from .report.table import Figure, Heading, Para, Table, html_page, markdown
+from .report import document, fmt, sections
+from .report.table import Figure, Heading, Para, Table, markdown
 
 FIGURES = [("total_tok_s", "output tok/s", fmt.num), ("ttft_ms", "median TTFT", fmt.ms),
            ("p95_ttft_ms", "p95 TTFT", fmt.ms),
@@ -160,13 +160,11 @@ def compare(run_a: str, run_b: str, out_dir: str | None = None, match: str = "se
                              "Each cell present in both runs: A's and B's output tok/s (valid cells only)."),
                 Heading(2, "Provenance"), provenance_table({"A": run_a, "B": run_b}, {"A": ma, "B": mb})]
         atomic.write_bytes(out / "compare.md", markdown(page).encode())
-        atomic.write_bytes(out / "compare-report.html", _page(page, "Comparison").encode())
+        atomic.write_bytes(out / "compare-report.html", document.page(page, "Comparison").encode())
     return markdown(doc)
 
 
-def _page(doc: list, title: str) -> str:
-    return html_page(doc, title, vega_js=charts.vega_js(),
-                     statuses={label: key for key, label in fmt.STATUS_LABEL.items()})
+
 
 
 def run_name(run: str | Path) -> str:
@@ -185,7 +183,7 @@ def pareto(runs: list[str], out_dir: str | None = None) -> str:
     if points.empty:
         raise ValueError("no valid capacity or decode cell in these runs: nothing to draw a frontier from")
     points = decide.frontier(points)
-    per = "GPU" if (pd.to_numeric(points.get("gpus"), errors="coerce") > 0).any() else "server"
+    per = decide.per_unit(points)
     on = points[points["on_frontier"]]
     doc = [Heading(1, "Pareto frontier"),
            Para(f"Runs: {', '.join(names)}. Output tok/s per user against output tok/s per {per}, over every valid "
@@ -199,5 +197,5 @@ def pareto(runs: list[str], out_dir: str | None = None) -> str:
         page = [*doc, Figure("Pareto frontier", drawn.to_dict(), "pareto.png",
                              "Every valid capacity and decode cell of the runs; the dashed line joins the frontier.")]
         atomic.write_bytes(out / "pareto.md", markdown(page).encode())
-        atomic.write_bytes(out / "pareto-report.html", _page(page, "Pareto frontier").encode())
+        atomic.write_bytes(out / "pareto-report.html", document.page(page, "Pareto frontier").encode())
     return markdown(doc)

@@ -35,6 +35,11 @@ def per_gpu(total_tok_s: pd.Series, gpus: pd.Series) -> pd.Series:
     return total_tok_s / g.where(g > 0, 1.0)
 
 
+def per_unit(frame: pd.DataFrame) -> str:
+    """What ``tok_s_per_gpu`` is per: "GPU" where any server config has GPUs, else "server" (the CPU)."""
+    return "GPU" if (pd.to_numeric(frame.get("gpus"), errors="coerce") > 0).any() else "server"
+
+
 def frontier_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """True for the points no other point beats on both axes (at least as high on both, higher on one)."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)

@@ -38,8 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from . import corpus
 from .errors import CellError
 
@@ -153,18 +151,9 @@ class TextAligner:
         self.specials: int | None = None  # tokens the server adds to a text prompt
 
     async def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """One tokenizer call. /tokenize and /detokenize change nothing on the server: a call that met a
-        connection the server had just closed is sent once more, on a new one."""
-        for attempt in (1, 2):
-            try:
-                async with self._sem, self.session.post(f"{self.base_url}{path}",
-                                                        json={"model": self.model, **payload},
-                                                        headers=self.headers) as resp:
-                    return await answer_json(resp, f"{self.base_url}{path}")
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+        async with self._sem, self.session.post(f"{self.base_url}{path}", json={"model": self.model, **payload},
+                                                headers=self.headers) as resp:
+            return await answer_json(resp, f"{self.base_url}{path}")
 
     async def _tokenize(self, text: str, special: bool) -> list[int]:
         return (await self._post("/tokenize", {"prompt": text, "add_special_tokens": special}))["tokens"]

@@ -49,7 +49,7 @@ def decision_blocks(matrix: pd.DataFrame, decisions: pd.DataFrame | None, target
     best = decide.best_configs(decisions)
     sweep_best = decide.best_sweep_points(matrix)
     points = decide.frontier(decide.pareto_points(matrix))
-    per = "GPU" if (pd.to_numeric(matrix.get("gpus"), errors="coerce") > 0).any() else "server"
+    per = decide.per_unit(matrix)
     body = [
         *_section("Latency targets", "A request meets a target when its TTFT, its time per output token after the "
                   "first (TPOT) and its end-to-end latency are within the limits; a cell holds the target when, "
