@@ -62,15 +62,18 @@ def run_snakemake(workdir: Path, *extra: str, timeout: float = 1500, **kw) -> su
 LIFECYCLE_WORKLOADS = {"decode": {"contexts": [128], "concurrency": [1, 2, 4], "duration_s": 8, "max_tokens": 64}}
 
 
-def one_server_experiment(tmp_path: Path, name: str, workloads: dict, servers: list[dict] | None = None) -> Path:
-    """Write ``<tmp>/experiments/<name>.yaml``: tiny-cpu with only its ``base`` server (or ``servers``) and
-    these workloads. The servers run without torch.compile (``enforce-eager``): these experiments test the
-    lifecycle, not speed, and start in about 25 s instead of 35-90 s (docs/decisions/0008-test-time.md)."""
+def one_server_experiment(tmp_path: Path, name: str, workloads: dict, servers: list[dict] | None = None,
+                          base: str = "tiny-cpu", runtime: dict | None = None) -> Path:
+    """Write ``<tmp>/experiments/<name>.yaml``: ``base`` (tiny-cpu) with only its ``base`` server (or
+    ``servers``), these workloads and, if given, changes to its runtime. The servers run without
+    torch.compile (``enforce-eager``): these experiments test the lifecycle, not speed, and start in about
+    25 s instead of 35-90 s (docs/decisions/0008-test-time.md)."""
     import yaml
 
     d = tmp_path / "experiments"
     d.mkdir(exist_ok=True)
-    data = yaml.safe_load((REPO / "config/experiments/tiny-cpu.yaml").read_text())
+    data = yaml.safe_load((REPO / f"config/experiments/{base}.yaml").read_text())
+    data["runtime"].update(runtime or {})
     data["servers"] = servers or [{"id": "base"}]
     data["server"]["args"]["enforce-eager"] = True
     data["workloads"] = workloads

@@ -34,11 +34,28 @@ def seed_command(name: str) -> list[str]:
     return shlex.split(text.replace("\\\n", " ").replace("$HOME", os.path.expanduser("~")))
 
 
+def without_lifecycle_options(argv: list[str]) -> list[str]:
+    """The argv less what the pipeline adds to every container it runs (docs/containers.md): --init (SIGTERM
+    reaches vLLM), --rm, and the labels that say whose container it is."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--label":
+            skip = True
+        elif a not in ("--init", "--rm"):
+            out.append(a)
+    return out
+
+
 def test_seed000_optimized_command_flag_for_flag():
     seed = seed_command("000-optimized-run-command.sh")
     # the shell expands ~ in the volume; the argv holds the expanded path
     seed = [os.path.expanduser(a) if a.startswith("~") else a for a in seed]
-    assert argv_lines(SEEDS[0])["optimized"] == seed
+    ours = argv_lines(SEEDS[0])["optimized"]
+    assert ours[:4] == ["docker", "run", "--init", "--rm"]
+    assert ours[ours.index("--label") + 1] == "speedmatrix.experiment=seed000-gemma4-31b-nvfp4-mtp-tp2"
+    assert without_lifecycle_options(ours) == seed
 
 
 def _flags(argv: list[str]) -> list[tuple[str, object]]:

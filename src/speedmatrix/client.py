@@ -199,8 +199,13 @@ async def stream_completion(
                     if record.finish_reason is None:
                         record.error = "connection closed before the stream finished"
                     break
-                buf += data
                 arrived = now() - t0
+                if deadline is not None and arrived > deadline - t0:
+                    # arrived after the window's end (the read raced the deadline): not part of the window,
+                    # so a cut request's tokens are exactly those the window counts
+                    record.cut_at_window_end = True
+                    break
+                buf += data
                 done = False
                 *events, buf = buf.split(b"\n\n")  # one pass over what arrived (linear in its size)
                 for event in events:

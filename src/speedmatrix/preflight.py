@@ -28,6 +28,25 @@ def _command_problem(argv0: str) -> str | None:
     return None if shutil.which(argv0) else f"runtime.command: {argv0} is not on PATH"
 
 
+def _engine_problems(exp: Experiment) -> list[str]:
+    """The container engine is installed and answers (dockerd running): said once, before any job."""
+    name = exp.runtime.get("engine", "docker")
+    if shutil.which(name) is None:
+        return [f"{exp.path}: key 'runtime.engine': the {name} command is not on PATH: install it "
+                f"(Debian: apt-get install {'docker.io' if name == 'docker' else name}; docs/containers.md)"]
+    try:
+        proc = subprocess.run([name, "info", "--format", "{{json .}}"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return [f"{exp.path}: runtime 'docker': `{name} info` did not answer within 30 s"]
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or ["no reason given"])[-1]
+        start = ("start the Docker daemon (`systemctl start docker`, or `dockerd &` where there is no "
+                 "systemd; .ci/start-docker shows how)" if name == "docker" else "check `podman info`")
+        return [f"{exp.path}: runtime 'docker' with engine {name}: the engine does not answer ({why}); "
+                f"{start} and run again"]
+    return []
+
+
 def problems(exp: Experiment) -> list[str]:
     rt, out = exp.runtime, []
     kind = rt["kind"]
@@ -41,18 +60,10 @@ def problems(exp: Experiment) -> list[str]:
             out.append(f"{exp.path}: runtime 'local' runs vLLM from this Python, which has none: install the "
                        "engine (`make install`, or pip install '.[cpu]' for the CPU build) or give runtime.command")
     elif kind == "docker":
-        if shutil.which("docker") is None:
-            out.append(f"{exp.path}: runtime 'docker' needs the docker command, which is not on PATH")
-        else:
-            try:
-                proc = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                                      text=True, timeout=20)
-                if proc.returncode != 0:
-                    out.append(f"{exp.path}: runtime 'docker': the Docker daemon does not answer "
-                               f"({(proc.stderr.strip().splitlines() or ['no reason given'])[-1]}); start it "
-                               "(e.g. `systemctl start docker`) and run again")
-            except subprocess.TimeoutExpired:
-                out.append(f"{exp.path}: runtime 'docker': `docker version` did not answer within 20 s")
+        out += _engine_problems(exp)
+        if rt.get("host_python") and importlib.util.find_spec("vllm") is None:
+            out.append(f"{exp.path}: key 'runtime.host_python': the container runs this Python's vLLM, and it has "
+                       "none: install the engine (`make install`) or use an image that has vLLM")
     elif kind == "apptainer" and not (shutil.which("apptainer") or shutil.which("singularity")):
         out.append(f"{exp.path}: runtime 'apptainer' needs apptainer (or singularity) on PATH")
     return out

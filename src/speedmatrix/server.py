@@ -35,7 +35,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -196,7 +196,9 @@ class BrokerArgs:
 
 
 # A line of vLLM's log that says why it stopped: argparse's "error: ...", or a Python exception's last line.
-_COMPLAINT = re.compile(r"(?:^|\s)(?:[\w.-]+: error: .*|(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception): .*)$")
+_COMPLAINT = re.compile(r"(?:^|\s)(?:[\w.-]+: error: .*|(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception): .*"
+                        # a container engine's own refusal (docker run / podman run exit 125)
+                        r"|(?:docker: )?Error(?: response from daemon)?: .*)$")
 
 
 def complaint(path: Path) -> str:
@@ -212,9 +214,15 @@ def complaint(path: Path) -> str:
     return lines[-1] if lines else "(empty server log)"
 
 
-def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Path) -> None:
+def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Path,
+                abort: Callable[[], str | None] = lambda: None) -> None:
+    """Until the server answers; ``abort`` says why to give up early (a stop signal, the owner gone: a
+    workflow interrupted during a start-up does not wait for the start-up to finish)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        why = abort()
+        if why:
+            raise RuntimeError(f"start-up abandoned: {why}")
         if proc.poll() is not None:
             raise RuntimeError(f"vLLM exited with code {proc.returncode} during start-up: {complaint(log)} "
                                f"(its log: {log})")
@@ -301,7 +309,8 @@ def run_broker(a: BrokerArgs) -> int:
     rc = 0
     try:
         try:
-            _wait_ready(proc, a.url, a.startup_timeout_s, log_path)
+            _wait_ready(proc, a.url, a.startup_timeout_s, log_path,
+                        abort=lambda: stop["reason"] or (None if _owner_alive(a.owner) else f"owner {a.owner} is gone"))
         except (RuntimeError, TimeoutError) as exc:
             atomic.write_json(state / "startup-error.json",
                               {"start_id": start_id, "owner": a.owner, "error": str(exc)})

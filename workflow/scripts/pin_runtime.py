@@ -6,4 +6,5 @@ with logs.to_file(snakemake.log[0]):
     exp = experiment.load(snakemake.params.experiment, snakemake.params.experiments_dir)
     lock = runtimes.pin(exp)
     atomic.write_json(snakemake.output[0], lock)
-    print(f"pinned {lock['runtime_ref']} (packages sha256 {lock['packages_sha256'][:16]})")
+    packages = f" (packages sha256 {lock['packages_sha256'][:16]})" if lock.get("packages_sha256") else ""
+    print(f"pinned {lock['runtime_ref']}{packages}")
