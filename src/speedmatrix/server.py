@@ -94,12 +94,9 @@ def _owner_alive(token: str | None) -> bool:
     if host != socket.gethostname():
         return True  # another host's process: cannot be watched from here
     try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError):
+        return pid_alive(int(pid))  # a killed owner its parent has not reaped yet (a zombie) is gone
+    except ValueError:
         return True
-    return True
 
 
 def pid_alive(pid: int) -> bool:
