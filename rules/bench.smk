@@ -27,7 +27,8 @@ for kind in WORKLOADS:
         # timings); on a cluster, the CPUs of the allocation (config.yaml: cluster)
         threads: job_threads
         resources:
-            device=1,
+            **SERVER_LANES,
+            device=device_of(kind),
             # GPUs of the server config (tensor x pipeline parallel; 0 on a CPU runtime)
             gpu=server_gpus,
             mem_mb=config["cluster"]["job_mem_mb"],
@@ -39,6 +40,7 @@ for kind in WORKLOADS:
             experiments_dir=config["experiments_dir"],
             results_root=results_root,
             idle_timeout_s=IDLE_TIMEOUT_S,
+            placement=placement_of(kind),
             measured_with=MEASURED_WITH,
         script:
             "../workflow/scripts/cell.py"

@@ -6,6 +6,7 @@ from snakemake_interface_executor_plugins.settings import ExecMode
 
 from speedmatrix import charts as sm_charts
 from speedmatrix import experiment as sm_experiment
+from speedmatrix import pool as sm_pool
 from speedmatrix import preflight as sm_preflight
 from speedmatrix import runtimes as sm_runtimes
 from speedmatrix import server as sm_server
@@ -26,6 +27,32 @@ GATES = list(EXP.raw.get("gates", {}))
 CELLS = EXP.cells()
 PACKAGES_SHA256 = sm_runtimes.packages_digest()
 IDLE_TIMEOUT_S = float(config.get("server_idle_timeout_s", 900))
+# The node's GPU pool (config `gpus`, else NVML's count on a GPU runtime; none on the
+# CPU): configs on disjoint GPUs measure side by side (speedmatrix.pool, docs/gpu.md).
+# Snakemake's `device` resource has one unit per GPU of the pool (1 without a pool)
+# unless the profile or --resources set it; one mutex per config keeps a config's
+# jobs one at a time.
+try:
+    GPU_POOL = sm_pool.node_pool(config.get("gpus"), EXP)
+except sm_experiment.ConfigError as err:
+    raise WorkflowError(f"speedmatrix: {err}") from None
+DEVICE_UNITS = sm_pool.device_units(GPU_POOL)
+if "device" not in workflow.global_resources:
+    workflow.register_resource("device", DEVICE_UNITS)
+# one mutex per server config when configs run side by side: never two jobs of one
+# config at once (they share its server and would measure each other)
+SERVER_LANES = (
+    {}
+    if DEVICE_UNITS == 1
+    else {
+        f"server_lane_{k}": (
+            lambda wildcards, k=k: int(SERVER_IDS.index(wildcards.server_id) == k)
+        )
+        for k in range(len(SERVER_IDS))
+    }
+)
+for _lane in SERVER_LANES:
+    workflow.register_resource(_lane, 1)
 # What a measurement depends on besides its cell and server: a change reruns the cells.
 # The loop thresholds only when they end requests early (client.stop_looping).
 MEASURED_WITH = {
@@ -208,10 +235,32 @@ def server_gpus_needed(wildcards):
 
 def job_threads(wildcards):
     # A job that measures (cell, gate, reference) takes the whole machine locally
-    # (Snakemake scales this down to --cores); on a cluster, the CPUs of the
-    # server config's allocation (config.yaml: cluster.job_threads). Evaluated
-    # per job, once the executor is known.
-    return 1024 if workflow.local_exec else config["cluster"]["job_threads"]
+    # (Snakemake scales this down to --cores), or its share of it when a GPU pool
+    # runs configs side by side; on a cluster, the CPUs of the server config's
+    # allocation (config.yaml: cluster.job_threads). Evaluated per job, once the
+    # executor is known.
+    if not workflow.local_exec:
+        return config["cluster"]["job_threads"]
+    return 1024 if DEVICE_UNITS == 1 else max(1, workflow.cores // DEVICE_UNITS)
+
+
+def placement_of(kind):
+    # the node's GPU pool, this config's share and whether a job of this kind may
+    # measure beside others (speedmatrix.pool)
+    def placement(wildcards):
+        return sm_pool.placement(EXP, wildcards.server_id, kind, GPU_POOL).as_dict()
+
+    return placement
+
+
+def device_of(kind):
+    # the `device` claim: the config's GPUs when it may measure beside others,
+    # else the whole device (every unit)
+    def device(wildcards):
+        p = sm_pool.placement(EXP, wildcards.server_id, kind, GPU_POOL)
+        return sm_pool.device_claim(p, DEVICE_UNITS)
+
+    return device
 
 
 def chart_outputs():

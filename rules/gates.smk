@@ -19,7 +19,8 @@ rule gate:
     # job on a shared core skews a CPU server's timings); on a cluster, the allocation's CPUs
     threads: job_threads
     resources:
-        device=1,
+        **SERVER_LANES,
+        device=device_of("gate"),
         gpu=server_gpus,
         mem_mb=config["cluster"]["job_mem_mb"],
         runtime=config["cluster"]["job_runtime_min"],
@@ -28,5 +29,6 @@ rule gate:
         experiments_dir=config["experiments_dir"],
         results_root=results_root,
         idle_timeout_s=IDLE_TIMEOUT_S,
+        placement=placement_of("gate"),
     script:
         "../workflow/scripts/gate.py"

@@ -14,7 +14,7 @@ rule p2p_check:
         "../envs/speedmatrix.yaml"
     # the whole device: no cell measures while the GPUs are tested
     resources:
-        device=1,
+        device=DEVICE_UNITS,
         gpu=server_gpus,
     params:
         gpus=server_gpus_needed,

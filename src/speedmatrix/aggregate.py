@@ -58,6 +58,8 @@ MATRIX_COLUMNS = [
     "repeats", *SPREAD_COLUMNS, "total_tok_s_repeats", "ttft_ms_repeats", "status_reason",
     # decode: the steady part of the window (total_tok_s) against the whole window; how the streams came
     "total_tok_s_window", "steady_fraction", "delivery", "delivery_burst_share",
+    # a GPU pool (issue 18): the pool's GPUs the server held, and the other cells that measured during this one
+    "server_gpus", "ran_beside",
     # decisions (issue 15): the server's GPUs (tensor x pipeline parallel; 0 on the CPU) and output tok/s per
     # GPU (the whole server's on the CPU); on the Pareto frontier of tok/s per user against it; the cell's
     # first latency target (a search cell's: its own) with the share of requests that met it, whether it holds
@@ -87,6 +89,8 @@ def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
         **spread_fields(res),
         "status_reason": loops.get("status_reason"),
         "total_tok_s_window": res.get("output_throughput_window"),
+        "server_gpus": ",".join(prov.get("server_gpus") or []) or None,
+        "ran_beside": "; ".join(f"{b['server_id']}/{b['cell']}" for b in res.get("beside") or []) or None,
         "steady_fraction": res.get("steady_fraction"),
         # decided here from the measured share (a new threshold re-derives it, never re-measures)
         "delivery": stats.delivery_kind(res.get("delivery_burst_share")),

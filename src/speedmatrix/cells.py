@@ -403,6 +403,14 @@ def restore(stored_json: Path, stored_requests: Path, out_json: str, out_request
     return True
 
 
+def gpu_env(launch: dict[str, Any], info: dict[str, Any]) -> dict[str, str]:
+    """The server's GPUs for the telemetry: those it holds from the pool, else its config's environment."""
+    env = dict(launch.get("server_env") or {})
+    if info.get("gpus"):
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(info["gpus"])
+    return env
+
+
 def run(job: JobContext, cell_id: str, out_json: str, out_requests: str) -> dict:
     """The cell rule: acquire the server (starting it if needed), measure, write once.
 
@@ -430,7 +438,7 @@ def run(job: JobContext, cell_id: str, out_json: str, out_requests: str) -> dict
         progress(f"server {server_id} start {startup['start_id']} at {info['url']} "
                  f"(KV cache {startup.get('kv_cache_size_tokens')} tokens)")
         result, records = asyncio.run(measure(cell, info["url"], launch["served_model_name"], exp.client, progress,
-                                              exp.loops, launch.get("eos_text"), launch.get("server_env"),
+                                              exp.loops, launch.get("eos_text"), gpu_env(launch, info),
                                               startup.get("kv_cache_size_tokens"), launch.get("model_dir")))
         if result.get("failed"):
             # requests failed: keep the cell only if its server is still the same healthy server
@@ -439,6 +447,8 @@ def run(job: JobContext, cell_id: str, out_json: str, out_requests: str) -> dict
             if not job.server_healthy(info):
                 raise CellError(f"the server of {server_id} died during the cell; {result['failed']} requests "
                                 f"failed ({result['errors_by_kind']}); see {job.server_dir}/server.log")
+    # the other cells that measured while this one did (a GPU pool runs configs side by side)
+    result["beside"] = info.get("beside") or []
     doc = {
         "experiment": exp.name,
         "cell": cell.as_dict(),

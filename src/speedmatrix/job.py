@@ -38,6 +38,8 @@ def provenance(startup: dict[str, Any], runtime_lock: dict[str, Any], launch: di
         "launch_argv": startup.get("argv"),
         # GiB of weights on each GPU, from the server's log (the decode roofline's numerator)
         "model_weights_gib": startup.get("model_weights_gib"),
+        # the node's GPUs the server held (a GPU pool; None: the whole device)
+        "server_gpus": startup.get("gpus"),
         "models": launch.get("models"),
         "scheduler": scheduler_env(),
     }
@@ -52,22 +54,29 @@ class JobContext:
     results_root: Path  # config results_dir: the device lock and the running servers' registry
     idle_timeout_s: float
     launch_path: Path
+    # the node's GPU pool, this config's share and whether the job may measure beside others
+    placement: server.Placement = server.Placement()
+    label: str = ""  # what the job measures (a cell id), for the record of who measured beside whom
 
     @classmethod
     def load(cls, experiment_name: str, experiments_dir: str, results_root: str, server_id: str,
-             launch_path: str, lock_path: str, idle_timeout_s: float) -> JobContext:
+             launch_path: str, lock_path: str, idle_timeout_s: float, placement: dict | None = None,
+             label: str = "") -> JobContext:
         return cls(experiment=experiment.load(experiment_name, experiments_dir), server_id=server_id,
                    launch=atomic.read_json(launch_path), lock=atomic.read_json(lock_path),
                    results_root=Path(results_root).resolve(), idle_timeout_s=float(idle_timeout_s),
-                   launch_path=Path(launch_path))
+                   launch_path=Path(launch_path), placement=server.Placement.from_dict(placement), label=label)
 
     @classmethod
     def from_snakemake(cls, smk: Any) -> JobContext:
         """From a rule's ``snakemake`` object: params experiment, experiments_dir, results_root,
-        idle_timeout_s; inputs launch and lock; wildcard server_id."""
+        idle_timeout_s, placement (optional), cell_id or gate (optional); inputs launch and lock;
+        wildcard server_id."""
         p = smk.params
+        label = getattr(p, "cell_id", None) or getattr(p, "gate", None) or smk.rule
         return cls.load(p.experiment, p.experiments_dir, p.results_root, smk.wildcards.server_id,
-                        smk.input.launch, smk.input.lock, p.idle_timeout_s)
+                        smk.input.launch, smk.input.lock, p.idle_timeout_s, getattr(p, "placement", None),
+                        str(label))
 
     @property
     def results(self) -> Path:
@@ -93,7 +102,7 @@ class JobContext:
     def server(self, progress: Callable[[str], None] = print) -> Iterator[dict[str, Any]]:
         """Hold the device and this config's running server (started on first use) for the job."""
         with server.acquire(self.results_root, self.experiment.name, self.server_id, self.launch,
-                            self.idle_timeout_s, progress) as info:
+                            self.idle_timeout_s, progress, self.placement, self.label) as info:
             yield info
 
     @staticmethod

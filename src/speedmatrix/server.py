@@ -42,6 +42,7 @@ from typing import Any
 
 from . import atomic, metrics, runtimes
 from .errors import SpeedmatrixError
+from .pool import Placement
 
 OWNER_ENV = "SPEEDMATRIX_OWNER"
 # Snakemake sets these to the *job's* thread count in every job; a server
@@ -190,6 +191,7 @@ class BrokerArgs:
     experiment: str
     token: str = ""
     stop_argv: list[str] | None = None
+    gpus: list[str] | None = None  # the pool's GPUs this server holds for its life (None: the whole device)
 
 
 # A line of vLLM's log that says why it stopped: argparse's "error: ...", or a Python exception's last line.
@@ -301,7 +303,8 @@ def run_broker(a: BrokerArgs) -> int:
     pgid = proc.pid
     live = {"broker_pid": os.getpid(), "vllm_pid": proc.pid, "pgid": pgid, "url": a.url, "token": a.token,
             "start_id": start_id, "owner": a.owner, "server_id": a.server_id,
-            "hostname": socket.gethostname(), "scope": device_scope(), "stop_argv": a.stop_argv}
+            "hostname": socket.gethostname(), "scope": device_scope(), "stop_argv": a.stop_argv,
+            "gpus": a.gpus}
     atomic.write_json(state / "broker.starting.json", live)
     rc = 0
     try:
@@ -323,6 +326,8 @@ def run_broker(a: BrokerArgs) -> int:
             "env": runtimes.redact_env(a.env),
             "hostname": socket.gethostname(),
             "model_weights_gib": model_weights_gib(log_path),
+            # the pool's GPUs this server holds (CUDA_VISIBLE_DEVICES); None: the whole device
+            "gpus": a.gpus,
             **startup_record(a.url),
         }
         if record.get("kv_cache_size_tokens") is None:
@@ -485,7 +490,20 @@ def broker_command() -> list[str]:
 
 def start_broker(state_dir: Path, argv_without_port: list[str], host: str, port: int,
                  env: dict[str, str], startup_timeout_s: float, idle_timeout_s: float, server_id: str,
-                 experiment: str, progress=print, stop_argv: list[str] | None = None) -> dict:
+                 experiment: str, progress=print, stop_argv: list[str] | None = None,
+                 gpus: list[str] | None = None) -> dict:
+    """Start a server and wait until it serves (``spawn_broker`` then ``await_broker``)."""
+    return await_broker(spawn_broker(state_dir, argv_without_port, host, port, env, startup_timeout_s,
+                                     idle_timeout_s, server_id, experiment, progress, stop_argv, gpus), progress)
+
+
+def spawn_broker(state_dir: Path, argv_without_port: list[str], host: str, port: int,
+                 env: dict[str, str], startup_timeout_s: float, idle_timeout_s: float, server_id: str,
+                 experiment: str, progress=print, stop_argv: list[str] | None = None,
+                 gpus: list[str] | None = None) -> dict:
+    """Start a server's broker and return once it has registered (``broker.starting.json``, with the GPUs
+    it holds): from then on other cells see those GPUs as taken, so the wait for vLLM to serve
+    (``await_broker``) needs no lock and servers on disjoint GPUs start at the same time."""
     port = port or free_port(host)
     argv = [item.replace(runtimes.PORT_PLACEHOLDER, str(port)) for item in argv_without_port]
     runtimes.resolve_env_placeholders(argv, os.environ)  # a missing secret fails here, before anything starts
@@ -497,7 +515,7 @@ def start_broker(state_dir: Path, argv_without_port: list[str], host: str, port:
     spec = {"state_dir": str(state_dir), "argv": argv, "env": env, "url": url,
             "startup_timeout_s": startup_timeout_s, "idle_timeout_s": idle_timeout_s,
             "owner": os.environ.get(OWNER_ENV), "server_id": server_id, "experiment": experiment,
-            "token": token, "stop_argv": stop_argv}
+            "token": token, "stop_argv": stop_argv, "gpus": gpus}
     state_dir.mkdir(parents=True, exist_ok=True)
     progress(f"starting server {server_id} at {url}")
     # the spec goes through a pipe, not a file: the argv may hold a secret (--api-key)
@@ -507,7 +525,24 @@ def start_broker(state_dir: Path, argv_without_port: list[str], host: str, port:
                                   stderr=blog, start_new_session=True, env=broker_env)
     broker.stdin.write(json.dumps(spec).encode())
     broker.stdin.close()
-    t0 = time.monotonic()
+    pending = {"broker": broker, "token": token, "state_dir": state_dir, "server_id": server_id,
+               "t0": time.monotonic()}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for name in ("broker.starting.json", "broker.json"):
+            info = _read(state_dir / name)
+            if info and info.get("token") == token:
+                return pending
+        if broker.poll() is not None:
+            return pending  # it failed at once: await_broker says why
+        time.sleep(0.05)
+    return pending
+
+
+def await_broker(pending: dict, progress=print) -> dict:
+    """Wait until the broker's vLLM serves; its ``broker.json``."""
+    broker, token, state_dir, server_id, t0 = (pending[k] for k in ("broker", "token", "state_dir", "server_id",
+                                                                    "t0"))
     last = 0.0
     while True:
         info = _read(state_dir / "broker.json")
@@ -524,41 +559,162 @@ def start_broker(state_dir: Path, argv_without_port: list[str], host: str, port:
         time.sleep(POLL_S)
 
 
+def _held_units(info: dict, units: tuple[str, ...]) -> set[str]:
+    """What a running server holds: its GPUs, or the whole device (a server started without a pool)."""
+    held = info.get("gpus")
+    return set(units) if not held else set(held) & set(units) or set(units)
+
+
+def place(results_root: Path, state_dir: Path, placement: Placement, progress=print) -> list[str] | None:
+    """Units for a new server of ``state_dir``'s config (called under the device lock): free ones
+    first; then the units of idle servers of other configs, which are stopped; None when the rest are
+    held by servers that are measuring (the caller waits)."""
+    units = placement.units
+    need = placement.need()
+    others = [(d, i) for d, i in running_brokers(results_root, scope=device_scope()) if d != state_dir]
+    held: dict[str, tuple[Path, dict]] = {}
+    for d, i in others:
+        for u in _held_units(i, units):
+            held[u] = (d, i)
+    free = [u for u in units if u not in held]
+    if len(free) < need:
+        for d, i in others:
+            if len(free) >= need:
+                break
+            if _lease_held(d) or "startup" not in i:
+                continue  # a cell is measuring on it (or will: it is still starting)
+            what = ", ".join(sorted(_held_units(i, units)))
+            progress(f"stopping server {i.get('server_id')} (idle) to free {what}")
+            stop_broker(d, i)
+            free += [u for u in units if held.get(u, (None,))[0] == d]
+    if len(free) < need:
+        return None
+    free = [u for u in units if u in free]  # in the pool's order
+    return free[:need]
+
+
 @contextlib.contextmanager
 def acquire(results_root: Path, experiment: str, server_id: str, launch: dict, idle_timeout_s: float,
-            progress=print) -> Iterator[dict]:
-    """Hold the device and a running server for ``server_id`` for the duration of a cell.
+            progress=print, placement: Placement | None = None, label: str = "") -> Iterator[dict]:
+    """Hold a running server for ``server_id`` for the duration of a cell (starting it if needed).
 
-    Starts the server if it is not running; stops another config's server
-    first (one server per device at a time).
+    Under the device lock (short: no measurement inside it) the server is found or started on units of
+    the pool (``placement``): without a pool one server runs at a time and another config's server is
+    stopped first. Then the cell holds its server's lease and the measure lock: shared when it may
+    measure beside cells of other configs, exclusive when isolated (always without a pool). On return
+    ``info["beside"]`` lists the other cells that measured during this one.
     """
+    placement = placement or Placement()
     state_dir = results_root / experiment / "servers" / server_id
-    with device_lock(results_root):
-        info = _read(state_dir / "broker.json")
-        if info and not healthy(info):
-            progress(f"server {server_id} (start {info.get('start_id')}) is not healthy: replacing it")
-            stop_broker(state_dir, info)
-            info = None
-        if info is None:
-            failed = _read(state_dir / "startup-error.json")
-            if failed and failed.get("owner") and failed.get("owner") == os.environ.get(OWNER_ENV):
-                # one failed start per run: the other cells of this config fail fast
-                raise ServerError(f"server {server_id} failed to start earlier in this run: {failed['error']}")
-            for other_dir, other in running_brokers(results_root, scope=device_scope()):
-                if other_dir != state_dir:
-                    progress(f"stopping server {other.get('server_id')} to free the device")
-                    stop_broker(other_dir, other)
-            info = start_broker(state_dir, launch["argv"], launch["host"], launch["port"],
-                                launch["env"], launch["startup_timeout_s"], idle_timeout_s, server_id, experiment,
-                                progress, launch.get("stop_argv"))
-        lease = state_dir / "lease"
-        lease.touch()
-        with open(lease, "rb") as fh:
-            fcntl.flock(fh, fcntl.LOCK_SH)
+    lease = state_dir / "lease"
+    waited, pending = 0.0, None
+    while True:
+        with device_lock(results_root):
+            info = _read(state_dir / "broker.json")
+            if info and not healthy(info):
+                progress(f"server {server_id} (start {info.get('start_id')}) is not healthy: replacing it")
+                stop_broker(state_dir, info)
+                info = None
+            if info is None:
+                failed = _read(state_dir / "startup-error.json")
+                if failed and failed.get("owner") and failed.get("owner") == os.environ.get(OWNER_ENV):
+                    # one failed start per run: the other cells of this config fail fast
+                    raise ServerError(f"server {server_id} failed to start earlier in this run: {failed['error']}")
+                units = place(results_root, state_dir, placement, progress)
+                if units is not None:
+                    env = dict(launch["env"])
+                    if placement.pool:
+                        env["CUDA_VISIBLE_DEVICES"] = ",".join(units)
+                        progress(f"server {server_id} takes GPU {','.join(units)} of the pool "
+                                 f"{','.join(placement.pool)}")
+                    pending = spawn_broker(state_dir, launch["argv"], launch["host"], launch["port"], env,
+                                           launch["startup_timeout_s"], idle_timeout_s, server_id, experiment,
+                                           progress, launch.get("stop_argv"), units if placement.pool else None)
+            if info is not None or pending is not None:
+                state_dir.mkdir(parents=True, exist_ok=True)
+                lease.touch()
+                fh = open(lease, "rb")  # noqa: SIM115 (held until the cell ends, below)
+                fcntl.flock(fh, fcntl.LOCK_SH)  # before the device lock is let go: not idle from now on
+                break
+        if waited % 30 < POLL_S * 2:
+            progress(f"server {server_id} waits for {placement.need()} GPU(s): the pool's are held by "
+                     f"servers that are starting or measuring")
+        time.sleep(POLL_S * 2)
+        waited += POLL_S * 2
+    try:
+        if pending is not None:
+            info = await_broker(pending, progress)  # no lock held: servers on other GPUs start meanwhile
+        with measure_lock(results_root, exclusive=placement.isolated or not placement.pool), \
+                _measuring(results_root, experiment, server_id, label) as beside:
             try:
                 yield info
             finally:
-                lease.touch()
+                info["beside"] = beside()
+    finally:
+        lease.touch()
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        fh.close()
+
+
+@contextlib.contextmanager
+def measure_lock(results_root: Path, exclusive: bool) -> Iterator[None]:
+    """Cells that may run side by side hold it shared; an isolated cell holds it alone."""
+    lock_dir = results_root / ".devices"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f"{device_scope()}.measure.lock", "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _measuring(results_root: Path, experiment: str, server_id: str, label: str) -> Iterator[Callable[[], list]]:
+    """Register this measurement on the host; yield a function that names every other measurement
+    that overlapped it (running at its start or end, or one that ended during it)."""
+    d = results_root / ".devices" / f"{device_scope()}.measuring"
+    d.mkdir(parents=True, exist_ok=True)
+    journal = results_root / ".devices" / f"{device_scope()}.measured.jsonl"
+    me = {"experiment": experiment, "server_id": server_id, "cell": label, "pid": os.getpid(),
+          "start": time.time()}
+    mine = d / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+
+    def current() -> list[dict]:
+        out = []
+        for f in d.glob("*.json"):
+            if f != mine:
+                doc = _read(f)
+                if doc and pid_alive(int(doc.get("pid", 0))):
+                    out.append(doc)
+        return out
+
+    at_start = current()
+    atomic.write_json(mine, me)
+
+    def beside() -> list[dict[str, Any]]:
+        seen = at_start + current()
+        with contextlib.suppress(FileNotFoundError):
+            for line in journal.read_text().splitlines():
+                with contextlib.suppress(ValueError):
+                    doc = json.loads(line)
+                    if doc.get("end", 0) > me["start"]:
+                        seen.append(doc)
+        out, keys = [], set()
+        for doc in seen:
+            key = (doc.get("experiment"), doc.get("server_id"), doc.get("cell"))
+            if key not in keys and doc.get("pid") != me["pid"]:
+                keys.add(key)
+                out.append({"experiment": key[0], "server_id": key[1], "cell": key[2]})
+        return sorted(out, key=lambda x: (str(x["server_id"]), str(x["cell"])))
+
+    try:
+        yield beside
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            mine.unlink()
+        with open(journal, "a") as fh:
+            fh.write(json.dumps({**me, "end": time.time()}) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -569,7 +725,8 @@ def main(argv: list[str] | None = None) -> int:
                                  url=spec["url"], startup_timeout_s=spec["startup_timeout_s"],
                                  idle_timeout_s=spec["idle_timeout_s"], owner=spec["owner"],
                                  server_id=spec["server_id"], experiment=spec["experiment"],
-                                 token=spec.get("token", ""), stop_argv=spec.get("stop_argv")))
+                                 token=spec.get("token", ""), stop_argv=spec.get("stop_argv"),
+                                 gpus=spec.get("gpus")))
 
 
 if __name__ == "__main__":

@@ -100,6 +100,10 @@ def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
     if synthesized:
         out.append(Para(f"Models with random weights ({', '.join(synthesized)}): the serving speed of their shape "
                         "is real; their output, quality gates and speculative acceptance mean nothing."))
+    out += _section("Measured side by side", "A GPU pool ran server configs on disjoint GPUs at the same time: "
+                    "these cells measured while the cells named beside them did (they share the host's CPU cores, "
+                    "PCIe and memory bandwidth; docs/gpu.md gives the interference measured). `parallel: false` "
+                    "in an experiment measures its cells alone.", sections.beside_table(matrix))
     out += _section("Run-to-run spread", "The same cell measured again (`repeats`), each run a new set of requests "
                     "on the same server.", sections.spread_table(matrix))
     if references:

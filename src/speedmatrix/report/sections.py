@@ -192,6 +192,19 @@ def spread_table(m: pd.DataFrame) -> Table | None:
     return t
 
 
+def beside_table(m: pd.DataFrame) -> Table | None:
+    """Cells that measured while cells of other server configs measured on other GPUs of the node."""
+    if "ran_beside" not in m:
+        return None
+    d = m[m["ran_beside"].notna()]
+    if d.empty:
+        return None
+    t = Table(["Server config", "GPUs", "Cell", "Measured beside", "Total tok/s", "Median TTFT"])
+    for r in d.sort_values(["server_id", "cell_id"]).itertuples():
+        t.add(r.server_id, r.server_gpus or "—", r.cell_id, r.ran_beside, fmt.num(r.total_tok_s), fmt.ms(r.ttft_ms))
+    return t
+
+
 def status_text(r: Any) -> str:
     """The status as the report shows it, with its reason where it has one (Unstable: the CV)."""
     reason = getattr(r, "status_reason", None)
