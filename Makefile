@@ -13,6 +13,10 @@ PIP_PIN := 26.3
 SNAKEMAKE_ARGS ?=
 # profiles/<PROFILE>: default (this machine) or slurm (a SLURM cluster, docs/cluster.md)
 PROFILE ?= default
+# GPUS: the node's GPUs the run may use as a pool (a number, or ids "2,3"); default: what NVML
+# counts on a GPU runtime; GPUS=1: one server at a time (docs/gpu.md)
+GPUS ?=
+GPUS_CONFIG := $(if $(GPUS),gpus=$(GPUS),)
 # The `slurm` tests need a running SLURM (.ci/start-slurm starts one); CI sets SLURM=1.
 SLURM ?= 0
 PYTEST_MARK := $(if $(filter 1,$(SLURM)),,-m "not slurm")
@@ -24,7 +28,8 @@ PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 .PHONY: run test test-fast install plan lint clean-results stop
 
 run: $(STAMP)
-	$(BIN)/snakemake --workflow-profile profiles/$(PROFILE) --config experiment=$(EXPERIMENT) $(SNAKEMAKE_ARGS)
+	$(BIN)/snakemake --workflow-profile profiles/$(PROFILE) --config experiment=$(EXPERIMENT) $(GPUS_CONFIG) \
+		$(SNAKEMAKE_ARGS)
 
 # What would run, with the job counts; starts nothing.
 plan: $(STAMP)

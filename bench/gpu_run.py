@@ -120,35 +120,40 @@ def start(ns: argparse.Namespace) -> int:
             subprocess.run(f"cat /tmp/kit.{kind}? | xz -dc | tar -xf - -C {dest}", shell=True, check=True)
     Path(WORK).mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "snakemake", "--profile", "profiles/default", "--config",
-           f"experiment={ns.experiment}", f"results_dir={WORK}/results", f"models_dir={WORK}/models"]
-    log = open(f"{WORK}/run.log", "ab")
+           f"experiment={ns.experiment}", f"results_dir={results_dir(ns)}", f"models_dir={WORK}/models", *ns.set]
+    log = open(f"{WORK}/run{ns.tag}.log", "ab")
     subprocess.run([sys.executable, "-c", "import vllm, snakemake, altair, msgspec; print('vllm', vllm.__version__)"],
                    env=_env(), check=True, cwd=REPO)
-    proc = subprocess.Popen(["bash", "-c", f"{' '.join(cmd)}; echo $? > {WORK}/rc"], stdout=log,
+    proc = subprocess.Popen(["bash", "-c", f"{' '.join(cmd)}; echo $? > {WORK}/rc{ns.tag}"], stdout=log,
                             stderr=subprocess.STDOUT, cwd=REPO, env=_env(), start_new_session=True)
-    print(f"workflow started (pid {proc.pid}), log {WORK}/run.log")
+    print(f"workflow started (pid {proc.pid}), log {WORK}/run{ns.tag}.log")
     return 0
+
+
+def results_dir(ns: argparse.Namespace) -> str:
+    """Where a run's results go on the device: one folder per --tag (e.g. serial, parallel)."""
+    return f"{WORK}/results{ns.tag}"
 
 
 def wait(ns: argparse.Namespace) -> int:
     deadline = time.monotonic() + ns.max_s
-    rc_file = Path(f"{WORK}/rc")
+    rc_file = Path(f"{WORK}/rc{ns.tag}")
     while time.monotonic() < deadline and not rc_file.exists():
         time.sleep(5)
-    log = Path(f"{WORK}/run.log").read_text(errors="replace")
+    log = Path(f"{WORK}/run{ns.tag}.log").read_text(errors="replace")
     print(log[-6000:])
     if not rc_file.exists():
         print(f"still running after {ns.max_s} s: call wait again")
         return 0
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
-    res = Path(f"{WORK}/results/{ns.experiment}")
-    with tarfile.open(out / "results.tar.gz", "w:gz") as tar:
+    res = Path(f"{results_dir(ns)}/{ns.experiment}")
+    with tarfile.open(out / f"results{ns.tag}.tar.gz", "w:gz") as tar:
         tar.add(res, arcname=ns.experiment, filter=lambda t: None if "/store/" in t.name else t)
-    shutil.copy(f"{WORK}/run.log", out / "run.log")
+    shutil.copy(f"{WORK}/run{ns.tag}.log", out / f"run{ns.tag}.log")
     subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv"],
                    stdout=open(out / "nvidia-smi.csv", "w"))
-    print(f"workflow exit {rc_file.read_text().strip()}; packed {out / 'results.tar.gz'}")
+    print(f"workflow exit {rc_file.read_text().strip()}; packed {out / f'results{ns.tag}.tar.gz'}")
     return 0
 
 
@@ -217,9 +222,13 @@ def main() -> int:
     pl.set_defaults(func=plan)
     s = sub.add_parser("start")
     s.add_argument("experiment")
+    s.add_argument("--tag", default="", help="a suffix for the results folder, log and tarball (e.g. -serial)")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="more workflow config, e.g. gpus=1 (one undivided device: one server at a time)")
     s.set_defaults(func=start)
     w = sub.add_parser("wait")
     w.add_argument("experiment")
+    w.add_argument("--tag", default="")
     w.add_argument("--max-s", type=float, default=540)
     w.set_defaults(func=wait)
     c = sub.add_parser("collect")

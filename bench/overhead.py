@@ -56,6 +56,22 @@ def covered(spans: list[tuple[int, int]]) -> int:
     return total + (cur[1] - cur[0] if cur else 0)
 
 
+def _epoch(stamp: str) -> float:
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    total, cur = 0.0, None
+    for a, b in sorted(spans):
+        if cur is None or a > cur[1]:
+            if cur:
+                total += cur[1] - cur[0]
+            cur = [a, b]
+        else:
+            cur[1] = max(cur[1], b)
+    return total + (cur[1] - cur[0] if cur else 0.0)
+
+
 def analyse(run: Path) -> dict:
     spans = {}
     for log in sorted((run / "logs").rglob("*.log")):
@@ -71,12 +87,29 @@ def analyse(run: Path) -> dict:
     axis = {k: (a + shift, b + shift) if a < 43200 else (a, b) for k, (a, b) in spans.items()}
     start, end = min(a for a, _ in axis.values()), max(b for _, b in axis.values())
     wall = end - start
-    startups = [json.loads(line)["startup_seconds"] for f in sorted(run.glob("servers/*/starts.jsonl"))
-                for line in f.read_text().splitlines() if line.strip()]
-    cells, windows = 0, 0.0
+    starts = [json.loads(line) for f in sorted(run.glob("servers/*/starts.jsonl"))
+              for line in f.read_text().splitlines() if line.strip()]
+    startups = [s["startup_seconds"] for s in starts]
+    cells, windows, busy, unknown = 0, 0.0, [], 0
     for f in sorted(run.glob("cells/*/*.json")):
-        windows += float(json.loads(f.read_text()).get("result", {}).get("measured_s") or 0.0)
+        res = json.loads(f.read_text()).get("result", {})
+        windows += float(res.get("measured_s") or 0.0)
         cells += 1
+        if res.get("measured_s"):
+            if res.get("started_at"):
+                t = _epoch(res["started_at"])
+                busy.append((t, t + float(res["measured_s"])))
+            else:
+                unknown += 1
+    # where the run knows when each start-up and window was (a GPU pool runs them side by side), the busy
+    # time is their union: what ran at the same time is counted once
+    for s in starts:
+        if s.get("at"):
+            t = _epoch(s["at"])
+            busy.append((t - float(s["startup_seconds"]), t))
+        else:
+            unknown += 1
+    busy_s = _union(busy) if busy and not unknown else None
     # jobs can overlap (several loop verdicts at once; on a cluster, cells of other configs): count time once
     cell_jobs = float(covered([v for k, v in axis.items() if k.startswith("cells/")]))
     any_job = float(covered(list(axis.values())))
@@ -91,7 +124,7 @@ def analyse(run: Path) -> dict:
         "other jobs while no cell measured (pin, models, loops, aggregate, report, gates, reference)": other_jobs,
         "between jobs (scheduler, idle)": rest,
     }
-    overhead = wall - startup_s - windows
+    overhead = wall - (busy_s if busy_s is not None else startup_s + windows)
     return {
         "run": str(run),
         "started": (datetime(2000, 1, 1) + timedelta(seconds=start)).strftime("%H:%M:%S"),
@@ -99,6 +132,9 @@ def analyse(run: Path) -> dict:
         "cells": cells,
         "server_starts": len(startups),
         "parts_s": parts,
+        # the union of start-ups and windows (None where a start or window has no time stamp)
+        "busy_s": busy_s,
+        "side_by_side_s": (startup_s + windows - busy_s) if busy_s is not None else None,
         "overhead_s": overhead,
         "overhead_fraction": overhead / wall if wall else None,
         "note": "one-second log stamps: each part is good to about a second a job",
@@ -119,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, secs in got["parts_s"].items():
         share = secs / got["wall_s"] * 100 if got["wall_s"] else 0.0
         print(f"  {secs:8.1f} s  {share:5.1f} %  {name}")
+    if (got["side_by_side_s"] or 0) > 0.5:
+        print(f"  start-ups and windows side by side (counted once below): {got['side_by_side_s']:.1f} s")
     print(f"overhead (wall - start-ups - windows): {got['overhead_s']:.1f} s, "
           f"{(got['overhead_fraction'] or 0) * 100:.1f} % of wall")
     if ns.out:

@@ -33,7 +33,8 @@ IDLE_TIMEOUT_S = float(config.get("server_idle_timeout_s", 900))
 # unless the profile or --resources set it; one mutex per config keeps a config's
 # jobs one at a time.
 try:
-    GPU_POOL = sm_pool.node_pool(config.get("gpus"), EXP)
+    # a pool is one node's: on a cluster each server config has its own allocation
+    GPU_POOL = sm_pool.node_pool(config.get("gpus"), EXP) if workflow.local_exec else ()
 except sm_experiment.ConfigError as err:
     raise WorkflowError(f"speedmatrix: {err}") from None
 DEVICE_UNITS = sm_pool.device_units(GPU_POOL)

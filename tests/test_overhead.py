@@ -40,3 +40,21 @@ def test_wall_time_splits_into_start_ups_windows_and_the_rest(tmp_path):
 def test_a_folder_without_logs_is_refused(tmp_path, capsys):
     assert overhead.main([str(tmp_path)]) == 2
     assert "no logs/ folder" in capsys.readouterr().err
+
+
+def test_start_ups_and_windows_side_by_side_count_once(tmp_path):
+    """Two configs on a GPU pool: their start-ups and windows overlap; the busy time is their union."""
+    run = tmp_path / "run"
+    write_log(run / "logs/cells/a/decode-1.log", "10:00:00", "10:01:30")
+    write_log(run / "logs/cells/b/decode-1.log", "10:00:00", "10:01:30")
+    for sid in ("a", "b"):
+        (run / f"servers/{sid}").mkdir(parents=True)
+        # both ready at 10:01:00 after 60 s; both windows 10:01:10-10:01:30
+        (run / f"servers/{sid}/starts.jsonl").write_text(
+            json.dumps({"at": "2026-12-01T10:01:00+0000", "startup_seconds": 60.0}) + "\n")
+        (run / f"cells/{sid}").mkdir(parents=True)
+        (run / f"cells/{sid}/decode-1.json").write_text(
+            json.dumps({"result": {"measured_s": 20.0, "started_at": "2026-12-01T10:01:10+0000"}}))
+    got = overhead.analyse(run)
+    assert got["wall_s"] == 90 and got["busy_s"] == 80.0 and got["side_by_side_s"] == 80.0
+    assert got["overhead_s"] == 10.0
