@@ -45,15 +45,7 @@ def log_span(path: Path) -> tuple[int, int] | None:
 
 def covered(spans: list[tuple[int, int]]) -> int:
     """Seconds covered by the union of [a, b] spans (a job whose stamps are all one second covers 1 s)."""
-    total, cur = 0, None
-    for a, b in sorted((a, b + 1) for a, b in spans):
-        if cur is None or a > cur[1]:
-            if cur:
-                total += cur[1] - cur[0]
-            cur = [a, b]
-        else:
-            cur[1] = max(cur[1], b)
-    return total + (cur[1] - cur[0] if cur else 0)
+    return int(_union([(a, b + 1) for a, b in spans]))
 
 
 def _epoch(stamp: str) -> float:

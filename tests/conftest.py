@@ -58,6 +58,27 @@ def run_snakemake(workdir: Path, *extra: str, timeout: float = 1500, **kw) -> su
                           timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def wait_for(pred, timeout_s, what):
+    """``pred()``'s first true value, polled every 0.2 s; fails the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def running_decode_cell(res: Path, finished: int, server_id: str = "base") -> str | None:
+    """The decode cell of ``server_id`` now measuring, once ``finished`` of its cells are done."""
+    if len(list(res.glob(f"cells/{server_id}/*.json"))) < finished:
+        return None
+    for log in res.glob(f"logs/cells/{server_id}/*.log"):
+        if not (res / "cells" / server_id / f"{log.stem}.json").exists() and "decode:" in log.read_text():
+            return log.stem
+    return None
+
+
 # cells long enough to kill something during one
 LIFECYCLE_WORKLOADS = {"decode": {"contexts": [128], "concurrency": [1, 2, 4], "duration_s": 8, "max_tokens": 64}}
 

@@ -21,7 +21,16 @@ import pandas as pd
 import pytest
 import requests
 
-from conftest import LIFECYCLE_WORKLOADS, REPO, one_server_experiment, run_snakemake, snakemake_cmd, wait_no_vllm
+from conftest import (
+    LIFECYCLE_WORKLOADS,
+    REPO,
+    one_server_experiment,
+    run_snakemake,
+    running_decode_cell,
+    snakemake_cmd,
+    wait_for,
+    wait_no_vllm,
+)
 from speedmatrix import experiment, registry, runtimes
 
 pytestmark = [pytest.mark.engine, pytest.mark.docker]
@@ -70,26 +79,6 @@ def wait_no_containers(experiment_name: str, timeout_s: float = 60, engine: str 
         time.sleep(0.5)
         left = containers(experiment_name, engine)
     return left
-
-
-def wait_for(pred, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def measuring(res: Path, finished: int) -> str | None:
-    """The decode cell now measuring, once ``finished`` cells are done."""
-    if len(list(res.glob("cells/base/*.json"))) < finished:
-        return None
-    for log in res.glob("logs/cells/base/*.log"):
-        if not (res / "cells/base" / f"{log.stem}.json").exists() and "decode:" in log.read_text():
-            return log.stem
-    return None
 
 
 # --------------------------------------------------------------------------- the whole DAG in containers
@@ -157,7 +146,7 @@ def test_vllm_killed_in_its_container_mid_cell(lifecycle, tmp_path):
     proc = subprocess.Popen(snakemake_cmd(tmp_path, experiment="dlife", experiments_dir=lifecycle),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        victim = wait_for(lambda: measuring(res, 1), 400, "a second cell to start measuring")
+        victim = wait_for(lambda: running_decode_cell(res, 1), 400, "a second cell to start measuring")
         finished = {p: p.read_bytes() for p in res.glob("cells/base/*")}
         time.sleep(1.0)
         # the API server is the child of the container's init (docker run --init)
@@ -194,7 +183,7 @@ def test_ctrl_c_mid_cell_removes_the_container(lifecycle, tmp_path):
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        wait_for(lambda: measuring(res, 0), 400, "a cell to start measuring")
+        wait_for(lambda: running_decode_cell(res, 0), 400, "a cell to start measuring")
         assert containers("dlife") == ["speedmatrix-dlife-base"]
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal reaches the whole foreground group
         proc.communicate(timeout=120)

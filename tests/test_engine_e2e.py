@@ -17,7 +17,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import LIFECYCLE_WORKLOADS, REPO, one_server_experiment, run_snakemake, snakemake_cmd, wait_no_vllm
+from conftest import (
+    LIFECYCLE_WORKLOADS,
+    REPO,
+    one_server_experiment,
+    run_snakemake,
+    running_decode_cell,
+    snakemake_cmd,
+    wait_for,
+    wait_no_vllm,
+)
 from speedmatrix import experiment
 from speedmatrix.aggregate import MATRIX_COLUMNS
 
@@ -220,28 +229,6 @@ def test_second_run_has_nothing_to_do(full_run):
 def one_server(tmp_path):
     """A one-server experiment with cells long enough to kill something during one."""
     return one_server_experiment(tmp_path, "lifecycle", LIFECYCLE_WORKLOADS)
-
-
-def wait_for(pred, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def running_decode_cell(res: Path, finished: int):
-    """The cell now measuring, once ``finished`` cells are done."""
-    done = list(res.glob("cells/base/*.json"))
-    if len(done) < finished:
-        return None
-    for log in res.glob("logs/cells/base/*.log"):
-        cid = log.stem
-        if not (res / "cells/base" / f"{cid}.json").exists() and "decode:" in log.read_text():
-            return cid
-    return None
 
 
 def test_server_killed_during_a_cell(one_server, tmp_path, no_vllm_before):
