@@ -38,7 +38,12 @@ try:
 except sm_experiment.ConfigError as err:
     raise WorkflowError(f"speedmatrix: {err}") from None
 DEVICE_UNITS = sm_pool.device_units(GPU_POOL)
-if "device" not in workflow.global_resources:
+if "device" in workflow.global_resources:
+    # the profile or --resources fixed it (profiles/slurm: one allocation, one device set);
+    # device=1 is one at a time: no pool
+    DEVICE_UNITS = int(getattr(workflow.global_resources["device"], "value", 1) or 1)
+    GPU_POOL = GPU_POOL if DEVICE_UNITS > 1 else ()
+else:
     workflow.register_resource("device", DEVICE_UNITS)
 # one mutex per server config when configs run side by side: never two jobs of one
 # config at once (they share its server and would measure each other)
