@@ -131,6 +131,9 @@ def preflight():
     problems = sm_preflight.problems(EXP)
     if problems:
         raise WorkflowError("speedmatrix: before any job:\n  " + "\n  ".join(problems))
+    moved = sm_preflight.moved_tag(EXP, f"{RESULTS}/runtime.lock.json")
+    if moved:
+        print(f"speedmatrix: {moved}")
     for name in sm_preflight.api_keys(EXP):
         print(
             f"speedmatrix: {name} is not set: the servers of this run take a key generated for the run "

@@ -14,7 +14,7 @@ import requests
 import yaml
 
 from conftest import REPO
-from speedmatrix import experiment, registry, runtimes
+from speedmatrix import experiment, preflight, registry, runtimes
 from speedmatrix.server import free_port
 
 REGISTRY_BIN = shutil.which("docker-registry") or shutil.which("registry")
@@ -111,8 +111,14 @@ def test_tag_resolves_to_the_digest_the_registry_holds(local_registry, tmp_path)
     assert argv[argv.index("--port") + 1] == "8000"
     assert runtimes.stop_argv(exp, srv) == ["docker", "rm", "--force", "speedmatrix-pinned-base"]
 
-    # the tag moves: pinning again asks the registry and gets the new digest
+    # the tag moves: a run with the old lock keeps its image and says so before any job; pinning again
+    # asks the registry and gets the new digest
+    lock_path = tmp_path / "runtime.lock.json"
+    lock_path.write_text(json.dumps(lock))
+    assert preflight.moved_tag(exp, lock_path) is None
     moved = push_image(local_registry, "speedmatrix/vllm", "v1", b"layer two")
+    said = preflight.moved_tag(exp, lock_path)
+    assert f"now names {moved}" in said and f"keeps the pinned {digest}" in said and "pinned.yaml" in said
     assert moved != digest and runtimes.pin(exp)["digest"] == moved
 
     # apptainer runs the same digest through docker://

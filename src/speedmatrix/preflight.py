@@ -78,3 +78,31 @@ def api_keys(exp: Experiment) -> list[str]:
             os.environ[name] = secrets.token_urlsafe(24)
             generated.append(name)
     return generated
+
+
+def moved_tag(exp: Experiment, lock_path: str | Path) -> str | None:
+    """A container image's tag that names another digest now than the run's lock pinned: the run keeps
+    the pinned image (a matrix never mixes images); said so once, before any job. None when the tag
+    has not moved, there is no lock yet, the image is given by digest, or the registry cannot be asked
+    (the pin itself says that when it needs the registry)."""
+    from . import registry
+
+    rt = exp.runtime
+    lock_path = Path(lock_path)
+    if rt["kind"] not in ("docker", "apptainer") or not lock_path.is_file():
+        return None
+    try:
+        import json
+
+        lock = json.loads(lock_path.read_text())
+        if not lock.get("tag") or lock.get("image") != rt.get("image"):
+            return None
+        _, now = registry.resolve(rt["image"], rt.get("registry"), timeout=10)
+    except (ValueError, OSError, registry.RegistryError):
+        return None
+    if now == lock.get("digest"):
+        return None
+    return (f"{exp.path}: the image tag {rt['image']!r} now names {now}; this run keeps the pinned "
+            f"{lock['digest']} ({lock_path}). Delete that file to pin the new image, which measures every "
+            "cell again")
+
