@@ -167,35 +167,70 @@ def test_each_measurement_names_those_that_overlapped_it(tmp_path):
 
 
 @pytest.mark.engine
-def test_two_configs_measure_side_by_side_on_a_stand_in_pool(tmp_path, no_vllm_before):
+def test_two_configs_start_side_by_side_on_a_stand_in_pool(tmp_path, no_vllm_before):
     """Two server configs on a pool of two (``--config gpus=2``; on the CPU the GPU ids are only labels):
-    their servers start once each on disjoint ids and their decode cells measure at the same time, each
-    naming the other's; the latency cells, isolated by the experiment, measure alone."""
+    their first cells start together and so do their servers, once each, on disjoint ids; what a cell
+    records as measured beside it names the other config only.
+
+    Whether their windows overlap is not asserted here: on 2 cores the server that is still starting
+    while the other measures can take 80 s against 30 s (seen), so the windows may miss each other.
+    The overlap record is tested above with processes whose times are known, and on two H200s 7 of 8
+    cells named the other config's (docs/results/h200x2-pool/parallel/matrix.parquet)."""
+    from datetime import datetime
+
     import pandas as pd
 
     from conftest import one_server_experiment, run_snakemake, wait_no_vllm
 
     d = one_server_experiment(tmp_path, "pooled", {
-        "decode": {"contexts": [128], "concurrency": [1, 4], "duration_s": 5, "max_tokens": 64},
-        "latency": {"contexts": [128], "requests": 2, "max_tokens": 16}}, servers=[{"id": "a"}, {"id": "b"}])
-    data = yaml.safe_load((d / "pooled.yaml").read_text())
-    data["parallel"] = {"default": True, "latency": False}
-    (d / "pooled.yaml").write_text(yaml.safe_dump(data))
+        "decode": {"contexts": [128], "concurrency": [1, 2], "duration_s": 5, "max_tokens": 64}},
+        servers=[{"id": "a"}, {"id": "b"}])
     proc = run_snakemake(tmp_path, "gpus=2", experiment="pooled", experiments_dir=d)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert wait_no_vllm(30) == []
     res = tmp_path / "results" / "pooled"
     held = {s: json.loads((res / "servers" / s / "startup.json").read_text())["gpus"] for s in ("a", "b")}
     assert sorted(held["a"] + held["b"]) == ["0", "1"], held
+    spans = []
     for s in ("a", "b"):
-        assert len((res / "servers" / s / "starts.jsonl").read_text().splitlines()) == 1
+        starts = [json.loads(ln) for ln in (res / "servers" / s / "starts.jsonl").read_text().splitlines()]
+        assert len(starts) == 1
+        ready = datetime.strptime(starts[0]["at"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
+        spans.append((ready - starts[0]["startup_seconds"], ready))
+    # the two start-ups ran at the same time (neither waited for the other's server to be up)
+    assert max(a for a, _ in spans) < min(b for _, b in spans), spans
     m = pd.read_parquet(res / "matrix.parquet").set_index(["server_id", "cell_id"])
     assert m.loc[("a", "decode-ctx128-c1"), "server_gpus"] == ",".join(held["a"])
-    decode = m[m.workload == "decode"]
-    beside = decode.ran_beside.dropna()
-    assert len(beside) >= 2, decode.ran_beside
-    for (sid, _), names in beside.items():
+    for (sid, _), names in m.ran_beside.dropna().items():
         other = "b" if sid == "a" else "a"
         assert all(n.split("/")[0] == other for n in names.split("; ")), names
-    assert m[m.workload == "latency"].ran_beside.isna().all()
-    assert "## Measured side by side" in (res / "report.md").read_text()
+
+
+LOCKED = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    from speedmatrix import server
+    root, exclusive, wait_s, hold_s = Path(sys.argv[1]), sys.argv[2] == "1", float(sys.argv[3]), float(sys.argv[4])
+    time.sleep(wait_s)
+    with server.measure_lock(root, exclusive=exclusive):
+        start = time.time()
+        time.sleep(hold_s)
+        print(json.dumps([start, time.time()]))
+""")
+
+
+def test_an_isolated_measurement_waits_for_side_by_side_ones_and_holds_them_off(tmp_path):
+    """The host-wide measure lock: two side-by-side (shared) holders overlap; an exclusive one starts
+    only after both, and no shared holder overlaps it."""
+    root = tmp_path / "results"
+    root.mkdir()
+
+    def start(exclusive, wait_s, hold_s):
+        return subprocess.Popen([sys.executable, "-c", LOCKED, str(root), "1" if exclusive else "0", str(wait_s),
+                                 str(hold_s)], stdout=subprocess.PIPE, text=True)
+
+    s1, s2, x, s3 = start(False, 0, 2), start(False, 0.2, 2), start(True, 0.5, 1), start(False, 1.0, 0.2)
+    (a1, b1), (a2, b2), (ax, bx), (a3, b3) = (json.loads(p.communicate(timeout=60)[0]) for p in (s1, s2, x, s3))
+    assert a2 < b1 and a1 < b2  # the two shared holders overlapped
+    assert ax >= max(b1, b2) - 0.01  # the exclusive one waited for both
+    assert a3 >= bx - 0.01 or b3 <= ax + 0.01  # the late shared one did not overlap the exclusive one
