@@ -236,10 +236,7 @@ def server_gpus(wildcards):
 
 def server_gpus_needed(wildcards):
     # tensor x pipeline parallel, whatever the device (the check decides what applies)
-    srv = EXP.server(wildcards.server_id)
-    return int(srv.args.get("tensor-parallel-size", 1)) * int(
-        srv.args.get("pipeline-parallel-size", 1)
-    )
+    return EXP.server(wildcards.server_id).parallel_size
 
 
 def job_threads(wildcards):

@@ -104,13 +104,14 @@ class ServerConfig:
     served_model_name_set: bool = True
 
     @property
+    def parallel_size(self) -> int:
+        """Tensor x pipeline parallel: the devices one server of this config spans, whatever they are."""
+        return int(self.args.get("tensor-parallel-size", 1)) * int(self.args.get("pipeline-parallel-size", 1))
+
+    @property
     def gpus(self) -> int:
         """GPUs one server of this config needs (0 on a CPU runtime)."""
-        if self.device == "cpu":
-            return 0
-        tp = int(self.args.get("tensor-parallel-size", 1))
-        pp = int(self.args.get("pipeline-parallel-size", 1))
-        return tp * pp
+        return 0 if self.device == "cpu" else self.parallel_size
 
     @property
     def spec_tokens(self) -> int:

@@ -105,16 +105,11 @@ def placeable(exp: Experiment, server_id: str) -> bool:
     return exp.runtime["kind"] == "local" and "CUDA_VISIBLE_DEVICES" not in srv.env
 
 
-def config_gpus(exp: Experiment, server_id: str) -> int:
-    srv = exp.server(server_id)
-    return int(srv.args.get("tensor-parallel-size", 1)) * int(srv.args.get("pipeline-parallel-size", 1))
-
-
 def placement(exp: Experiment, server_id: str, kind: str, pool: tuple[str, ...]) -> Placement:
     """A job's placement: its config's share of the pool and whether it may measure beside others."""
     if not pool or not placeable(exp, server_id):
         return Placement((), 1, True)
-    gpus = config_gpus(exp, server_id)
+    gpus = exp.server(server_id).parallel_size
     return Placement(pool, gpus, not parallel_allowed(exp, kind) or gpus >= len(pool))
 
 

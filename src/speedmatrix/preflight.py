@@ -12,6 +12,7 @@ never written anywhere.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import secrets
 import shutil
@@ -92,8 +93,6 @@ def moved_tag(exp: Experiment, lock_path: str | Path) -> str | None:
     if rt["kind"] not in ("docker", "apptainer") or not lock_path.is_file():
         return None
     try:
-        import json
-
         lock = json.loads(lock_path.read_text())
         if not lock.get("tag") or lock.get("image") != rt.get("image"):
             return None

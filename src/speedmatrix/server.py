@@ -488,15 +488,6 @@ def broker_command() -> list[str]:
     return cmd
 
 
-def start_broker(state_dir: Path, argv_without_port: list[str], host: str, port: int,
-                 env: dict[str, str], startup_timeout_s: float, idle_timeout_s: float, server_id: str,
-                 experiment: str, progress=print, stop_argv: list[str] | None = None,
-                 gpus: list[str] | None = None) -> dict:
-    """Start a server and wait until it serves (``spawn_broker`` then ``await_broker``)."""
-    return await_broker(spawn_broker(state_dir, argv_without_port, host, port, env, startup_timeout_s,
-                                     idle_timeout_s, server_id, experiment, progress, stop_argv, gpus), progress)
-
-
 def spawn_broker(state_dir: Path, argv_without_port: list[str], host: str, port: int,
                  env: dict[str, str], startup_timeout_s: float, idle_timeout_s: float, server_id: str,
                  experiment: str, progress=print, stop_argv: list[str] | None = None,
