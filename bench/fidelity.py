@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from speedmatrix import experiment, metrics, reference, runtimes  # noqa: E402
+from speedmatrix import experiment, metrics, peers, runtimes  # noqa: E402
 from speedmatrix.server import end_group, free_port, group_members  # noqa: E402
 
 # (input tokens, output tokens, requests, concurrency)
@@ -110,8 +110,9 @@ def run_ours(url: str, shape: tuple[int, int, int, int], out: Path, prefix: list
 
 def run_vllm(url: str, shape: tuple[int, int, int, int], out: Path, tokenizer: str, prefix: list[str]) -> dict:
     inp, outp, n, c = shape
-    argv = reference.vllm_bench_argv(url, "tiny", tokenizer, inp, outp, n, c, out, seed=int(time.time()))
-    return reference.run_vllm_bench([*prefix, *argv])
+    load = peers.Load(url=url, model="tiny", tokenizer=tokenizer, context=inp, max_tokens=outp, requests=n,
+                      concurrency=c, seed=int(time.time()))
+    return peers.run(peers.table()["vllm_bench_serve"], load, [*prefix, sys.executable], out.with_suffix(""))
 
 
 def _terminate(*_: object) -> None:

@@ -6,7 +6,8 @@ and no package index. ../shared/gpukit/build.sh packs vLLM 0.25.1; this script
 packs what the pipeline needs beside it, prints the device calls, runs the
 workflow there, and files what comes back under docs/results/<experiment>/.
 
-    python3 bench/gpu_run.py build            # here: .gk/p0.. (vLLM) and .gk/x0.. (Snakemake, Altair, ...)
+    python3 bench/gpu_run.py build            # here: .gk/p0.. (vLLM), .gk/x0.. (Snakemake, Altair, ...),
+                                              # .gk/y0.. (AIPerf and GuideLLM, the reference rule's clients)
     python3 bench/gpu_run.py plan [EXPERIMENT] [--kind K]   # here: the device calls, one per line
     python3 bench/gpu_run.py start EXPERIMENT # there: unpack the kit, start the workflow detached
     python3 bench/gpu_run.py wait EXPERIMENT  # there: wait (< 9 min) for it; when done, pack results into $OUT
@@ -36,6 +37,12 @@ REPO = Path(__file__).resolve().parents[1]
 KIT = REPO / ".gk"
 EXTRAS = ["snakemake==9.27.1", "altair==6.3.0", "vl-convert-python==1.9.0.post1", "msgspec==0.22.0",
           "jsonschema==4.26.0"]
+# the independent clients of the reference rule (their own site folder, last on the path)
+PEERS = ["aiperf==0.13.0", "guidellm==0.8.1"]
+SHARED_WITH_DEVICE = {"numpy", "pandas", "pyarrow", "scipy", "transformers", "tokenizers", "matplotlib", "sympy",
+                      "pillow", "safetensors", "huggingface-hub", "hf-xet", "fonttools", "networkx", "mpmath",
+                      "kiwisolver", "contourpy", "cycler", "pyparsing", "regex", "sentencepiece", "tiktoken",
+                      "cuda-bindings", "cuda-pathfinder", "cuda-toolkit"}
 # sdist-only dependencies (no wheel on PyPI): built here as pure-Python wheels
 SDIST_ONLY = ["connection_pool==0.0.3"]
 PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:",
@@ -57,41 +64,55 @@ def build(_: argparse.Namespace) -> int:
         exclude.write_text(exclude.read_text() + "/.gk/\n")
     if not list(KIT.glob("p[0-9]")):
         sh(["bash", str(REPO.parent / "shared" / "gpukit" / "build.sh"), str(KIT)])
-    tmp = Path(subprocess.run(["mktemp", "-d"], capture_output=True, text=True, check=True).stdout.strip())
-    wh, site = tmp / "wh", tmp / "site"
-    wh.mkdir()
-    site.mkdir()
-    sh([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wh), *SDIST_ONLY])
-    sh([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed", "--report",
-        str(tmp / "r.json"), *PLATFORM, "--find-links", str(wh), "--target", str(tmp / "x"), *EXTRAS])
     have = set((REPO.parent / "shared" / "gpukit" / "device-has.txt").read_text().split())
     in_kit = set()
     deps = REPO.parent / "shared" / "gpukit" / "vllm-0.25.1-server-deps.txt"
     for line in deps.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             in_kit.add(line.split("==")[0].strip().lower().replace("_", "-"))
-    want = []
-    for item in json.loads((tmp / "r.json").read_text())["install"]:
-        name = item["metadata"]["name"].lower().replace("_", "-").replace(".", "-")
-        if name in have or name in in_kit or name.startswith(("nvidia-", "torch", "triton")):
-            continue
-        want.append(f"{item['metadata']['name']}=={item['metadata']['version']}")
-    print("extras carried:", " ".join(want), file=sys.stderr)
-    sh([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLATFORM, "--find-links", str(wh),
-        "-d", str(wh), *want])
-    for w in wh.glob("*.whl"):
-        shutil.unpack_archive(str(w), str(site), format="zip")
-    for old in KIT.glob("x[0-9]"):
-        old.unlink()
-    subprocess.run(f"tar -cf - -C {site} . | xz -6 -T0 | split -b 50m -d -a 1 - {KIT}/x", shell=True, check=True)
-    shutil.rmtree(tmp)
+    pack("x", EXTRAS, have | in_kit)
+    # the peers run in their own processes with only their site before the device's packages (their pins clash
+    # with vLLM's): everything they need but the device's large numeric stack, which they share
+    pack("y", PEERS, {n for n in have if n in SHARED_WITH_DEVICE})
     for p in sorted(KIT.iterdir()):
         print(p.name, p.stat().st_size)
     return 0
 
 
+def pack(prefix: str, wanted: list[str], skip: set[str]) -> set[str]:
+    """Resolve `wanted` for the device's Python, download what the device and the earlier parts lack, and pack
+    it into .gk/<prefix>0.. (50 MiB each). Returns the names packed."""
+    tmp = Path(subprocess.run(["mktemp", "-d"], capture_output=True, text=True, check=True).stdout.strip())
+    wh, site = tmp / "wh", tmp / "site"
+    wh.mkdir()
+    site.mkdir()
+    sh([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wh), *SDIST_ONLY])
+    sh([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed", "--report",
+        str(tmp / "r.json"), *PLATFORM, "--find-links", str(wh), "--target", str(tmp / "x"),
+        *wanted])
+    want, names = [], set()
+    for item in json.loads((tmp / "r.json").read_text())["install"]:
+        name = item["metadata"]["name"].lower().replace("_", "-").replace(".", "-")
+        if name in skip or name.startswith(("nvidia-", "torch", "triton")):
+            continue
+        names.add(name)
+        want.append(f"{item['metadata']['name']}=={item['metadata']['version']}")
+    print(f"{prefix} carries:", " ".join(want), file=sys.stderr)
+    sh([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLATFORM, "--find-links", str(wh),
+        "-d", str(wh), *want])
+    for w in wh.glob("*.whl"):
+        if w.name.split("-")[0].lower().replace("_", "-").replace(".", "-") in names:
+            shutil.unpack_archive(str(w), str(site), format="zip")
+    for old in KIT.glob(f"{prefix}[0-9]"):
+        old.unlink()
+    subprocess.run(f"tar -cf - -C {site} . | xz -6 -T0 | split -b 50m -d -a 1 - {KIT}/{prefix}", shell=True,
+                   check=True)
+    shutil.rmtree(tmp)
+    return names
+
+
 def plan(ns: argparse.Namespace) -> int:
-    parts = sorted(p.name for p in KIT.glob("[px][0-9]"))
+    parts = sorted(p.name for p in KIT.glob("[pxy][0-9]"))
     if not parts:
         print("no kit: run `python3 bench/gpu_run.py build` first", file=sys.stderr)
         return 2
@@ -114,11 +135,17 @@ def _env() -> dict[str, str]:
 
 
 def start(ns: argparse.Namespace) -> int:
-    for kind, dest in (("p", "/tmp/site"), ("x", "/tmp/site-x")):
-        if not Path(dest).exists():
+    for kind, dest in (("p", "/tmp/site"), ("x", "/tmp/site-x"), ("y", "/tmp/site-y")):
+        if not Path(dest).exists() and list(Path("/tmp").glob(f"kit.{kind}[0-9]")):
             Path(dest).mkdir(parents=True)
             subprocess.run(f"cat /tmp/kit.{kind}? | xz -dc | tar -xf - -C {dest}", shell=True, check=True)
     Path(WORK).mkdir(parents=True, exist_ok=True)
+    if Path("/tmp/site-y").exists():  # each peer's Python where `make peers` puts it: its site, then the device's
+        for name in ("aiperf", "guidellm"):
+            wrapper = REPO / ".peers" / name / "bin" / "python"
+            wrapper.parent.mkdir(parents=True, exist_ok=True)
+            wrapper.write_text(f"#!/bin/sh\nPYTHONPATH=/tmp/site-y HF_HUB_OFFLINE=1 exec {sys.executable} \"$@\"\n")
+            wrapper.chmod(0o755)
     cmd = [sys.executable, "-m", "snakemake", "--profile", "profiles/default", "--config",
            f"experiment={ns.experiment}", f"results_dir={results_dir(ns)}", f"models_dir={WORK}/models", *ns.set]
     log = open(f"{WORK}/run{ns.tag}.log", "ab")
@@ -157,7 +184,10 @@ def wait(ns: argparse.Namespace) -> int:
     return 0
 
 
-KEEP = ("matrix.parquet", "report.md", "runtime.lock.json", "models.lock")
+# what a GPU run leaves in docs/results/<experiment>/ (the server logs and per-cell request files stay out:
+# requests.parquet holds every request of every cell)
+KEEP = ("matrix.parquet", "decisions.parquet", "requests.parquet", "report.md", "report.html", "runtime.lock.json",
+        "models.lock", "run-summary.json")
 
 
 def collect(ns: argparse.Namespace) -> int:
@@ -167,7 +197,8 @@ def collect(ns: argparse.Namespace) -> int:
         for m in tar.getmembers():
             rel = m.name.split("/", 1)[1] if "/" in m.name else ""
             keep = (rel in KEEP or (rel.startswith("charts/") and rel.endswith(".png"))
-                    or rel.startswith("reference/") or rel.endswith(("startup.json", "launch.json", "p2p.json")))
+                    or rel.startswith("reference/") or rel.endswith(("startup.json", "launch.json", "p2p.json"))
+                    or (rel.startswith(("cells/", "loops/")) and rel.endswith(".json")))
             if m.isfile() and keep:
                 target = dest / rel
                 target.parent.mkdir(parents=True, exist_ok=True)

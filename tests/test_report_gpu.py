@@ -41,7 +41,9 @@ def test_gpu_sections():
     assert "| 1K | 1 | 17.7 ms | 12.66 ms | 56.6 GiB | 4.8 TB/s | 71.5 % |" in text
     assert "## Run-to-run spread" in text
     assert "| tp1 | decode-ctx1024-c8-code | 2 | 400.0, 440.0 | 420.0 | 165.9–674.1 | 6.7% | 40.0 ms, 40.0 ms |" in text
-    assert "## Agreement with vllm bench serve" in text and "| +1.4 % |" in text
+    # a reference JSON of the one-peer shape: its medians kept, the difference now the client's against ours
+    assert "## Agreement with other clients" in text and "| tp1 | capacity-ctx1024-c16 | vllm_bench_serve | 0 |" in text
+    assert "| 690.0 | -1.4 % | 85.0 ms | +6.2 % |" in text
     assert "random weights" in text and "mean nothing" in text
     # the sustained-decode table shows the prose cell, not the repeated code one
     assert "| 1K | 55.0 | 410.0 |" in text

@@ -56,6 +56,36 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_agree(ns: argparse.Namespace) -> int:
+    import os
+
+    from . import atomic, peers, reference
+    from .client import API_KEY_ENV
+    from .report import table
+
+    names = [n for n in ns.clients.split(",") if n]
+    settings = {"python": dict(kv.split("=", 1) for kv in ns.python)}
+    found = peers.problems(names, settings, "--clients")
+    if found:
+        print("speedmatrix agree: " + "\n  ".join(found), file=sys.stderr)
+        return 2
+    cell = workloads.get("capacity").manual_cell(ns.context, ns.concurrency, ns.requests, ns.max_tokens,
+                                                 None, None, "prose", 1, None)
+    client_cfg = {"ignore_eos": True, "stall_timeout_s": 300, "prompt_format": "text"}
+    api_key = os.environ.get(API_KEY_ENV) or os.environ.get("OPENAI_API_KEY") or None
+    runs = reference.compare(cell, ns.url.rstrip("/"), ns.model, ns.tokenizer, client_cfg, names, settings,
+                             ns.rounds, api_key, progress=lambda m: print(m, file=sys.stderr))
+    table_ = peers.table()
+    doc = {"cell": cell.as_dict(), "server_id": "-", "url": ns.url, "rounds": ns.rounds, "clients": list(runs),
+           "runs": runs, **reference.summarize(runs),
+           "notes": {reference.OURS: reference.OUR_NOTES, **{n: table_[n].notes for n in names}}}
+    atomic.write_json(ns.out, doc)
+    from .report import sections
+
+    print(table.markdown([sections.reference_table([doc])]))
+    return 0
+
+
 def cmd_loops(ns: argparse.Namespace) -> int:
     from . import loops
 
@@ -200,6 +230,28 @@ def build_parser() -> argparse.ArgumentParser:
                    "requests to drain before the cell fails")
     b.add_argument("--out", required=True, help="result JSON (requests go beside it as .requests.parquet)")
     b.set_defaults(func=cmd_bench)
+
+    ag = sub.add_parser(
+        "agree", help="the same load measured by speedmatrix and by other clients, in rotating rounds",
+        description="Measure one shape (N requests of --context prompt tokens, --max-tokens out with EOS ignored, "
+        "--concurrency at once, greedy, streamed) on a running server with speedmatrix's client and with each of "
+        "--clients (vllm_bench_serve, aiperf, guidellm; `make peers` installs the last two), in rotating order, "
+        "--rounds times each; prints each client's medians with their range and its difference from "
+        "speedmatrix's, and writes every round to --out. The workflow's `reference` rule does the same for "
+        "the cells an experiment names. An API key comes from SPEEDMATRIX_API_KEY or OPENAI_API_KEY.")
+    ag.add_argument("--url", required=True, help="server base URL")
+    ag.add_argument("--model", required=True, help="served model name")
+    ag.add_argument("--tokenizer", required=True, help="the model's tokenizer (a local folder or a hub name)")
+    ag.add_argument("--context", type=int, default=1024, help="prompt tokens")
+    ag.add_argument("--max-tokens", type=int, default=256, help="output tokens per request (EOS ignored)")
+    ag.add_argument("--requests", type=int, default=64)
+    ag.add_argument("--concurrency", type=int, default=16)
+    ag.add_argument("--rounds", type=int, default=2, help="measurements by each client")
+    ag.add_argument("--clients", default="vllm_bench_serve,aiperf,guidellm", help="comma-separated")
+    ag.add_argument("--python", action="append", default=[], metavar="CLIENT=PATH",
+                    help="the Python that runs a client (default .peers/<client>/bin/python, else this one)")
+    ag.add_argument("--out", required=True, help="every round, the medians and differences (JSON)")
+    ag.set_defaults(func=cmd_agree)
 
     lo = sub.add_parser("loops", help="loop verdict for text files, one JSON line each")
     lo.add_argument("files", nargs="+")

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from . import reference
 from .experiment import Experiment
 
 
@@ -67,7 +68,7 @@ def problems(exp: Experiment) -> list[str]:
                        "none: install the engine (`make install`) or use an image that has vLLM")
     elif kind == "apptainer" and not (shutil.which("apptainer") or shutil.which("singularity")):
         out.append(f"{exp.path}: runtime 'apptainer' needs apptainer (or singularity) on PATH")
-    return out
+    return out + reference.problems(exp)
 
 
 def api_keys(exp: Experiment) -> list[str]:

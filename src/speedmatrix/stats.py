@@ -154,6 +154,9 @@ def fixed(records: list[RequestRecord], wall_s: float) -> dict[str, Any]:
     tokens = sum(r.output_tokens for r in ok)
     ttfts = [r.first_token - r.start for r in ok if r.first_token is not None]
     rates = [x for x in (request_rate(r) for r in ok) if x is not None]
+    # TPOT per request, (end - first token) / (tokens - 1): vLLM's, AIPerf's and GuideLLM's "ITL"
+    tpots = [(r.end - r.first_token) / (r.output_tokens - 1) for r in ok
+             if r.first_token is not None and r.end is not None and r.output_tokens > 1]
     return {
         "duration": wall_s,
         "measured_s": wall_s,
@@ -168,6 +171,7 @@ def fixed(records: list[RequestRecord], wall_s: float) -> dict[str, Any]:
         "per_request_tok_s": float(np.mean(rates)) if rates else None,
         "avg_active_requests": active_integral(records, wall_s) / wall_s if wall_s > 0 else None,
         **_dist("ttft", ttfts),
+        **_dist("tpot", tpots),
         **{k.replace("itl", "tbt"): v for k, v in _dist("itl", [g for r in ok for g in token_gaps(r)]).items()},
         **_dist("itl", [g for r in ok for g in chunk_gaps(r)]),
         **delivery(ok),

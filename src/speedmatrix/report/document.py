@@ -107,10 +107,15 @@ def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
     out += _section("Run-to-run spread", "The same cell measured again (`repeats`), each run a new set of requests "
                     "on the same server.", sections.spread_table(matrix))
     if references:
-        out += _section("Agreement with vllm bench serve", "The same shape measured on the same server by "
-                        "speedmatrix and by vLLM's own client (`vllm bench serve`, random dataset, --ignore-eos, "
-                        "greedy), alternately; medians of the rounds, Δ = speedmatrix against vLLM's.",
-                        sections.reference_table(references))
+        notes = sections.reference_notes(references)
+        out += _section("Agreement with other clients", "The same shape measured on the same server by speedmatrix "
+                        "and by independent clients (`vllm bench serve`, and where named AIPerf and GuideLLM), in "
+                        "rotating order, every request greedy with EOS ignored; medians of each client's rounds with "
+                        "their range; Δ = the client's median against speedmatrix's. TPOT is per request, (end − "
+                        "first token) / (tokens − 1), the figure every client reports (AIPerf and GuideLLM call it "
+                        "inter-token latency); ITL is every gap between streamed events (vLLM's and ours). The "
+                        "client's CPU seconds and its process's wall time include its start-up.",
+                        [sections.reference_table(references), *([Bullets(notes)] if notes else [])])
     out += _section("Roofline (decode, one request)", "Each decode step at concurrency 1 reads every weight once: "
                     "a token takes at least the weights on a GPU (vLLM's \"Model loading took\") over the GPU's peak "
                     "memory bandwidth (src/speedmatrix/data/gpu_peaks.yaml). The last column is that bound as a "

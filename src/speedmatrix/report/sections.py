@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from .. import workloads
+from ..peers import OURS, normalized
 from . import fmt
 from .table import Para, Table
 
@@ -267,19 +268,39 @@ def roofline_table(m: pd.DataFrame) -> Table | None:
 
 
 def reference_table(refs: list[dict[str, Any]]) -> Table:
-    t = Table(["Server config", "Cell", "Rounds", "Output tok/s: speedmatrix / vllm bench serve", "Δ",
-               "Median TTFT", "Δ", "Median ITL (between streamed events)", "Δ"])
+    """One row per cell and client: each client's medians over its rounds with their range, and its
+    difference from speedmatrix's medians (client against ours)."""
+    t = Table(["Server config", "Cell", "Client", "Rounds", "Output tok/s (range)", "Δ", "Median TTFT (range)", "Δ",
+               "Median TPOT, per request (range)", "Δ", "Median ITL, between events", "Client CPU / process wall"])
 
     def pct(v: Any) -> str:
         return "—" if v is None else f"{v:+.1f} %"
 
-    for d in refs:
-        a, b, diff = d["medians"]["speedmatrix"], d["medians"]["vllm_bench_serve"], d["difference_pct"]
-        t.add(d["server_id"], d["cell"]["cell_id"], d["rounds"],
-              f"{fmt.num(a['output_throughput'])} / {fmt.num(b['output_throughput'])}", pct(diff["output_throughput"]),
-              f"{fmt.ms(a['median_ttft_ms'])} / {fmt.ms(b['median_ttft_ms'])}", pct(diff["median_ttft_ms"]),
-              f"{fmt.ms(a['median_itl_ms'])} / {fmt.ms(b['median_itl_ms'])}", pct(diff["median_itl_ms"]))
+    def rng(v: Any, f) -> str:
+        return "" if not v else f" ({f(v[0])}-{f(v[1])})"
+
+    for d in map(normalized, refs):
+        for who in d["clients"]:
+            med, spread, diff = d["medians"][who], d["spread"][who], d["difference_pct"].get(who, {})
+            cpu, wall = med.get("client_cpu_s"), med.get("process_wall_s")
+            t.add(d["server_id"], d["cell"]["cell_id"], who, len(d["runs"][who]),
+                  fmt.num(med["output_throughput"]) + rng(spread["output_throughput"], fmt.num),
+                  "" if who == OURS else pct(diff.get("output_throughput")),
+                  fmt.ms(med["median_ttft_ms"]) + rng(spread["median_ttft_ms"], fmt.ms),
+                  "" if who == OURS else pct(diff.get("median_ttft_ms")),
+                  fmt.ms(med.get("median_tpot_ms")) + rng(spread.get("median_tpot_ms"), fmt.ms),
+                  "" if who == OURS else pct(diff.get("median_tpot_ms")),
+                  fmt.ms(med.get("median_itl_ms")),
+                  "—" if cpu is None else f"{cpu:.1f} s / {wall:.1f} s")
     return t
+
+
+def reference_notes(refs: list[dict[str, Any]]) -> list[str]:
+    """What each client's figures mean where they differ from ours (once per client)."""
+    notes: dict[str, str] = {}
+    for d in map(normalized, refs):
+        notes.update(d.get("notes") or {})
+    return [f"{who}: {text}" for who, text in notes.items()]
 
 
 GATE_LABELS = {"smoke": "Smoke", "structured_json": "Structured JSON", "tool_calls": "Tool calls"}

@@ -1,0 +1,46 @@
+"""NVIDIA's AIPerf (`aiperf profile`), synthetic prompts, against /v1/completions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .base import Load, Peer
+
+
+class AIPerf(Peer):
+    name = "aiperf"
+    module = "aiperf"
+    pin = "aiperf==0.13.0"
+    notes = ("synthetic prompts of the asked token count; sends no temperature unless told, so it is given "
+             "temperature 0 and ignore_eos as extra inputs; by default it counts output tokens by re-tokenizing "
+             "the streamed text (more tokens than the server generated), so it runs with --use-server-token-count; "
+             "its inter-token latency is per request ((end - first token) / (tokens - 1)), our TPOT")
+
+    def argv(self, python: list[str], load: Load, work: Path, api_key: str | None) -> list[str]:
+        # no environment variable or file takes AIPerf's key: it is on its command line (never logged here)
+        key = ["--api-key", api_key] if api_key else []
+        return [*python, "-m", "aiperf", "profile", "--model", load.model, "--tokenizer", load.tokenizer,
+                "--endpoint-type", "completions", "--streaming", "--url", load.url,
+                "--synthetic-input-tokens-mean", str(load.context), "--synthetic-input-tokens-stddev", "0",
+                "--output-tokens-mean", str(load.max_tokens), "--output-tokens-stddev", "0",
+                "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0",
+                "--use-server-token-count", "--concurrency", str(load.concurrency),
+                "--request-count", str(load.requests), "--random-seed", str(load.seed),
+                "--output-artifact-dir", str(work / "artifacts"), "--ui-type", "none", *key]
+
+    def parse(self, work: Path) -> dict[str, Any]:
+        d = json.loads(next((work / "artifacts").rglob("profile_export_aiperf.json")).read_text())
+
+        def stat(key: str, which: str) -> float | None:
+            v = d.get(key)
+            return None if not isinstance(v, dict) else v.get(which)
+
+        return {"completed": stat("request_count", "avg"),
+                "total_output_tokens": stat("total_output_tokens", "avg"),
+                "output_throughput": stat("output_token_throughput", "avg"),
+                "median_ttft_ms": stat("time_to_first_token", "p50"),
+                "mean_ttft_ms": stat("time_to_first_token", "avg"),
+                "median_tpot_ms": stat("inter_token_latency", "p50"),
+                "duration": stat("benchmark_duration", "avg")}

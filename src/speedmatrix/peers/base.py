@@ -1,0 +1,51 @@
+"""The interface every peer implements, and the fields they share (no import of the implementations)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+OURS = "speedmatrix"
+# the figures the agreement table compares with speedmatrix's
+COMPARED = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms")
+# The shared fields, vLLM's names (what `vllm bench serve --save-result` writes):
+# - output_throughput: the client's own output tok/s over its own duration
+# - median_ttft_ms: time to the first streamed token, per request, median
+# - median_tpot_ms: (end - first token) / (tokens - 1), per request, median: every client reports this one
+# - median_itl_ms: the gap between streamed events, over all gaps (vLLM's ITL); None where a client lacks it
+FIELDS = ("completed", "total_output_tokens", "output_throughput", "median_ttft_ms", "mean_ttft_ms",
+          "median_tpot_ms", "median_itl_ms", "duration")
+
+
+@dataclass(frozen=True)
+class Load:
+    """What every client is asked to do: `requests` requests of `context` prompt tokens, `max_tokens` out (EOS
+    ignored), `concurrency` at once, greedy, streamed, against /v1/completions."""
+
+    url: str
+    model: str
+    tokenizer: str
+    context: int
+    max_tokens: int
+    requests: int
+    concurrency: int
+    seed: int
+
+
+class Peer:
+    name: ClassVar[str]
+    module: ClassVar[str]  # what `python -m` runs; checked importable before any server starts
+    pin: ClassVar[str]  # the version this project measured with (make peers installs it)
+    notes: ClassVar[str]
+
+    def argv(self, python: list[str], load: Load, work: Path, api_key: str | None) -> list[str]:
+        """The command line; `work` is a private temporary folder (a key a client can only read from a file
+        goes there, and the folder is removed after the run)."""
+        raise NotImplementedError
+
+    def env(self, api_key: str | None) -> dict[str, str]:
+        return {}
+
+    def parse(self, work: Path) -> dict[str, Any]:
+        raise NotImplementedError
