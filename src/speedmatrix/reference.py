@@ -18,6 +18,7 @@ figures mean where they differ from ours.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import tempfile
 import time
@@ -76,7 +77,9 @@ def compare(cell: cells.Cell, url: str, model: str, tokenizer: str, client_cfg: 
                                   max_tokens=cell.max_tokens, requests=cell.requests, concurrency=cell.concurrency,
                                   seed=seed)
                 with tempfile.TemporaryDirectory(prefix=f"{who}-") as tmp:
-                    row = peers.run(table[who], load, peers.python_for(who, settings), Path(tmp), api_key)
+                    if who != "vllm_bench_serve":  # vLLM's own client reads the model folder as vLLM does
+                        load = dataclasses.replace(load, tokenizer=peers.tokenizer_only(tokenizer, Path(tmp) / "tok"))
+                    row = peers.run(table[who], load, peers.python_for(who, settings), Path(tmp) / "run", api_key)
             row["round"] = k
             runs[who].append(row)
             progress(f"round {k + 1}/{rounds} {who}: tok/s {row.get('output_throughput')}, median TTFT "
