@@ -134,7 +134,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-def start(ns: argparse.Namespace) -> int:
+def unpack() -> None:
     for kind, dest in (("p", "/tmp/site"), ("x", "/tmp/site-x"), ("y", "/tmp/site-y")):
         if not Path(dest).exists() and list(Path("/tmp").glob(f"kit.{kind}[0-9]")):
             Path(dest).mkdir(parents=True)
@@ -146,6 +146,10 @@ def start(ns: argparse.Namespace) -> int:
             wrapper.parent.mkdir(parents=True, exist_ok=True)
             wrapper.write_text(f"#!/bin/sh\nPYTHONPATH=/tmp/site-y HF_HUB_OFFLINE=1 exec {sys.executable} \"$@\"\n")
             wrapper.chmod(0o755)
+
+
+def start(ns: argparse.Namespace) -> int:
+    unpack()
     cmd = [sys.executable, "-m", "snakemake", "--profile", "profiles/default", "--config",
            f"experiment={ns.experiment}", f"results_dir={results_dir(ns)}", f"models_dir={WORK}/models", *ns.set]
     log = open(f"{WORK}/run{ns.tag}.log", "ab")
@@ -154,6 +158,49 @@ def start(ns: argparse.Namespace) -> int:
     proc = subprocess.Popen(["bash", "-c", f"{' '.join(cmd)}; echo $? > {WORK}/rc{ns.tag}"], stdout=log,
                             stderr=subprocess.STDOUT, cwd=REPO, env=_env(), start_new_session=True)
     print(f"workflow started (pid {proc.pid}), log {WORK}/run{ns.tag}.log")
+    return 0
+
+
+def agree(ns: argparse.Namespace) -> int:
+    """There: `speedmatrix agree` (speedmatrix, vllm bench serve, AIPerf, GuideLLM) on a server of its own: the
+    Gemma-4-31B shape cut to --layers layers (the same widths and vocabulary; it starts in about a minute,
+    eager), one JSON per concurrency into $OUT as each finishes."""
+    unpack()
+    sys.path.insert(0, str(REPO / "src"))
+    from speedmatrix import models
+
+    model = Path(WORK) / "models" / f"gemma4-31b-shape-{ns.layers}l"
+    models.synthesize("gemma4-31b-shape", model, {
+        "num_hidden_layers": ns.layers,
+        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * (ns.layers // 6)})
+    out = Path(os.environ.get("OUT", "/tmp/out"))
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out / "agree-server.log", "wb")
+    t0 = time.monotonic()
+    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                               "--served-model-name", "shape", "--load-format", "dummy", "--max-model-len", "4096",
+                               "--enforce-eager", "--gpu-memory-utilization", "0.5", "--port", "8011"],
+                              stdout=log, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
+    try:
+        import urllib.request
+        while True:
+            try:
+                urllib.request.urlopen("http://127.0.0.1:8011/health", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() - t0 > 300:
+                    raise SystemExit("the server did not come up: see agree-server.log") from None
+                time.sleep(2)
+        print(f"server up in {time.monotonic() - t0:.0f} s", flush=True)
+        for c, n in ns.shapes:
+            subprocess.run([sys.executable, "-c", "import sys; from speedmatrix.cli import main; sys.exit(main())",
+                            "agree", "--url", "http://127.0.0.1:8011", "--model", "shape", "--tokenizer", str(model),
+                            "--context", "1024", "--max-tokens", "256", "--requests", str(n), "--concurrency", str(c),
+                            "--rounds", str(ns.rounds), "--out", str(out / f"agree-c{c}.json")],
+                           env=_env(), cwd=REPO, check=False)
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(60)
     return 0
 
 
@@ -231,7 +278,7 @@ def rederive(ns: argparse.Namespace) -> int:
     dest = REPO / "docs" / "results" / ns.experiment
     matrix = dest / f"matrix{ns.suffix}.parquet"
     aggregate.build(cells, loops, reqs, matrix, work / "requests.parquet")
-    outs = {"md": str(dest / f"report{ns.suffix}.md"), "html": str(work / "report.html")}
+    outs = {"md": str(dest / f"report{ns.suffix}.md"), "html": str(dest / f"report{ns.suffix}.html")}
     for chart in charts.CHARTS:
         outs[f"{chart.name}_png"] = str(dest / "charts" / f"{chart.name}{ns.suffix}.png")
     document.build(ns.experiment, str(REPO / "config" / "experiments"), str(matrix), str(res / "runtime.lock.json"),
@@ -262,6 +309,12 @@ def main() -> int:
     w.add_argument("--tag", default="")
     w.add_argument("--max-s", type=float, default=540)
     w.set_defaults(func=wait)
+    ag = sub.add_parser("agree")
+    ag.add_argument("--layers", type=int, default=6)
+    ag.add_argument("--rounds", type=int, default=2)
+    ag.add_argument("--shapes", type=lambda v: [tuple(map(int, x.split("x"))) for x in v.split(",")],
+                    default=[(16, 64), (64, 128)], help="CONCURRENCYxREQUESTS,...")
+    ag.set_defaults(func=agree)
     c = sub.add_parser("collect")
     c.add_argument("tarball")
     c.add_argument("experiment")

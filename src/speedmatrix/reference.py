@@ -79,7 +79,14 @@ def compare(cell: cells.Cell, url: str, model: str, tokenizer: str, client_cfg: 
                 with tempfile.TemporaryDirectory(prefix=f"{who}-") as tmp:
                     if who != "vllm_bench_serve":  # vLLM's own client reads the model folder as vLLM does
                         load = dataclasses.replace(load, tokenizer=peers.tokenizer_only(tokenizer, Path(tmp) / "tok"))
-                    row = peers.run(table[who], load, peers.python_for(who, settings), Path(tmp) / "run", api_key)
+                    try:
+                        row = peers.run(table[who], load, peers.python_for(who, settings), Path(tmp) / "run",
+                                        api_key)
+                    except RuntimeError as exc:  # one client failing costs its own rounds, not the others'
+                        row = {"error": str(exc)[-1500:], "client_cpu_s": None, "process_wall_s": None}
+                        progress(f"round {k + 1}/{rounds} {who} failed: {row['error'][-300:]}")
+                        runs[who].append({**row, "round": k})
+                        continue
             row["round"] = k
             runs[who].append(row)
             progress(f"round {k + 1}/{rounds} {who}: tok/s {row.get('output_throughput')}, median TTFT "
@@ -111,11 +118,16 @@ def run_rule(job: JobContext, cell_id: str, out_json: str) -> dict[str, Any]:
         startup = info["startup"]
     order = list(runs)
     summary = summarize(runs)
+    # a client that failed is a reported fact (its rounds keep their errors), like a failed cell: the
+    # other clients' rounds and the report stand
+    failed = {who: r["error"] for who, rs in runs.items() for r in rs if r.get("error")}
     table = peers.table()
     notes = {OURS: OUR_NOTES, **{n: table[n].notes for n in names}}
     doc = {"experiment": exp.name, "server_id": job.server_id, "cell": cell.as_dict(), "rounds": rounds,
-           "clients": order, "runs": runs, **summary, "notes": notes, "client": client_cfg,
+           "clients": order, "runs": runs, **summary, "notes": notes, "failed": failed, "client": client_cfg,
            "provenance": job.provenance(startup)}
     atomic.write_json(out_json, doc)
+    if failed:
+        print(f"failed rounds (kept with their errors in {out_json}): {', '.join(sorted(failed))}")
     print(f"agreement ({rounds} rounds each, medians, client against speedmatrix): {summary['difference_pct']}")
     return doc

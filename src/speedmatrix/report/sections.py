@@ -283,7 +283,9 @@ def reference_table(refs: list[dict[str, Any]]) -> Table:
         for who in d["clients"]:
             med, spread, diff = d["medians"][who], d["spread"][who], d["difference_pct"].get(who, {})
             cpu, wall = med.get("client_cpu_s"), med.get("process_wall_s")
-            t.add(d["server_id"], d["cell"]["cell_id"], who, len(d["runs"][who]),
+            ok = sum(1 for r in d["runs"][who] if not r.get("error"))
+            lost = len(d["runs"][who]) - ok
+            t.add(d["server_id"], d["cell"]["cell_id"], who, f"{ok}" + (f" (+{lost} failed)" if lost else ""),
                   fmt.num(med["output_throughput"]) + rng(spread["output_throughput"], fmt.num),
                   "" if who == OURS else pct(diff.get("output_throughput")),
                   fmt.ms(med["median_ttft_ms"]) + rng(spread["median_ttft_ms"], fmt.ms),
@@ -298,9 +300,12 @@ def reference_table(refs: list[dict[str, Any]]) -> Table:
 def reference_notes(refs: list[dict[str, Any]]) -> list[str]:
     """What each client's figures mean where they differ from ours (once per client)."""
     notes: dict[str, str] = {}
+    failed: dict[str, str] = {}
     for d in map(normalized, refs):
         notes.update(d.get("notes") or {})
-    return [f"{who}: {text}" for who, text in notes.items()]
+        failed.update(d.get("failed") or {})
+    return ([f"{who}: {text}" for who, text in notes.items()]
+            + [f"{who} failed: {error.strip().splitlines()[-1][:300]}" for who, error in failed.items()])
 
 
 GATE_LABELS = {"smoke": "Smoke", "structured_json": "Structured JSON", "tool_calls": "Tool calls"}

@@ -1,0 +1,83 @@
+"""The independent clients of the reference rule: what each is asked, how its output is read, how the
+agreement is summarized. Engine-free: the outputs are small recorded shapes of each client's own files."""
+
+import json
+import sys
+from pathlib import Path
+
+from speedmatrix import peers
+from speedmatrix.report import sections
+
+LOAD = peers.Load(url="http://127.0.0.1:9", model="m", tokenizer="/tok", context=1024, max_tokens=256,
+                  requests=64, concurrency=16, seed=7)
+
+
+def test_every_client_is_asked_the_same_load(tmp_path):
+    table = peers.table()
+    assert set(table) == {"vllm_bench_serve", "aiperf", "guidellm"}
+    vb = table["vllm_bench_serve"].argv(["py"], LOAD, tmp_path, None)
+    assert ["--random-input-len", "1024"] == vb[vb.index("--random-input-len"):][:2]
+    assert "--ignore-eos" in vb and ["--temperature", "0"] == vb[vb.index("--temperature"):][:2]
+    ap = table["aiperf"].argv(["py"], LOAD, tmp_path, "sekret")
+    # greedy and EOS ignored as extra inputs; tokens counted from the server's usage, not re-tokenized
+    assert "temperature:0" in ap and "ignore_eos:true" in ap and "--use-server-token-count" in ap
+    assert ["--concurrency", "16"] == ap[ap.index("--concurrency"):][:2] and ap[-2:] == ["--api-key", "sekret"]
+    gl = table["guidellm"].argv(["py"], LOAD, tmp_path, "sekret")
+    scenario = json.loads(Path(gl[gl.index("--scenario") + 1]).read_text())["spec"]
+    assert scenario["backend"]["extras"] == {"body": {"temperature": 0}}
+    assert scenario["data"] == [{"kind": "synthetic_text", "prompt_tokens": 1024, "output_tokens": 256}]
+    assert scenario["profile"] == {"kind": "concurrent", "streams": 16}
+    assert scenario["constraints"] == [{"kind": "max_requests", "count": 64}]
+    assert (tmp_path / "scenario.json").stat().st_mode & 0o077 == 0  # the key's file is private
+
+
+def test_each_clients_output_is_read_into_the_shared_fields(tmp_path):
+    art = tmp_path / "artifacts" / "x"
+    art.mkdir(parents=True)
+    (art / "profile_export_aiperf.json").write_text(json.dumps({
+        "request_count": {"avg": 64}, "total_output_tokens": {"avg": 16384},
+        "output_token_throughput": {"avg": 600.5}, "time_to_first_token": {"p50": 950.0, "avg": 960.0},
+        "inter_token_latency": {"p50": 23.0}, "benchmark_duration": {"avg": 27.3}}))
+    got = peers.table()["aiperf"].parse(tmp_path)
+    assert got["output_throughput"] == 600.5 and got["median_tpot_ms"] == 23.0 and got["completed"] == 64
+    (tmp_path / "guidellm.json").write_text(json.dumps({"benchmarks": [{"duration": 20.0, "metrics": {
+        "request_totals": {"successful": 64},
+        "output_token_count": {"successful": {"total_sum": 16384}},
+        "time_to_first_token_ms": {"successful": {"median": 940.0, "mean": 950.0}},
+        "inter_token_latency_ms": {"successful": {"median": 22.9}}}}]}))
+    got = peers.table()["guidellm"].parse(tmp_path)
+    assert got["output_throughput"] == 16384 / 20.0 and got["median_ttft_ms"] == 940.0
+
+
+def test_agreement_summary_and_a_failed_client_in_the_report():
+    runs = {"speedmatrix": [{"output_throughput": 600.0, "median_ttft_ms": 950.0, "median_tpot_ms": 23.0},
+                            {"output_throughput": 602.0, "median_ttft_ms": 960.0, "median_tpot_ms": 23.0}],
+            "vllm_bench_serve": [{"output_throughput": 606.0, "median_ttft_ms": 940.0, "median_tpot_ms": 23.0}],
+            "aiperf": [{"error": "aiperf failed (1): Failed to load tokenizer", "client_cpu_s": None}]}
+    s = peers.summarize(runs)
+    assert s["medians"]["speedmatrix"]["output_throughput"] == 601.0
+    assert s["spread"]["speedmatrix"]["output_throughput"] == [600.0, 602.0]
+    assert s["difference_pct"]["vllm_bench_serve"]["output_throughput"] == round(100 * (606 / 601 - 1), 2)
+    assert s["difference_pct"]["aiperf"]["output_throughput"] is None
+    doc = {"server_id": "tp1", "cell": {"cell_id": "capacity-ctx1024-c16"}, "clients": list(runs), "runs": runs,
+           **s, "notes": {}, "failed": {"aiperf": runs["aiperf"][0]["error"]}}
+    text = "\n".join(" | ".join(row) for row in sections.reference_table([doc]).rows)
+    assert "aiperf | 0 (+1 failed)" in text and "+0.8 %" in text
+    assert sections.reference_notes([doc]) == ["aiperf failed: aiperf failed (1): Failed to load tokenizer"]
+
+
+def test_a_client_that_cannot_run_is_refused_with_the_key_and_what_to_do(tmp_path):
+    found = peers.problems(["nosuch", "aiperf"], {"python": {"aiperf": str(tmp_path / "none" / "python")}}, "X.yaml")
+    assert found[0].startswith("X.yaml: key 'reference.clients': unknown client 'nosuch'")
+    assert "aiperf cannot be imported" in found[1] and "make peers" in found[1]
+    assert peers.problems(["vllm_bench_serve"], {"python": {"vllm_bench_serve": sys.executable}}, "X.yaml") == []
+
+
+def test_tokenizer_only_copies_the_tokenizer_files(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (model / name).write_text("{}")
+    got = Path(peers.tokenizer_only(str(model), tmp_path / "tok"))
+    assert sorted(p.name for p in got.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+    assert peers.tokenizer_only("google/gemma", tmp_path / "t2") == "google/gemma"  # a hub name stays
