@@ -277,7 +277,9 @@ def rederive(ns: argparse.Namespace) -> int:
         cells.append(cell_json), loops.append(out), reqs.append(req)
     dest = REPO / "docs" / "results" / ns.experiment
     matrix = dest / f"matrix{ns.suffix}.parquet"
-    aggregate.build(cells, loops, reqs, matrix, work / "requests.parquet")
+    decisions = dest / f"decisions{ns.suffix}.parquet"
+    aggregate.build(cells, loops, reqs, matrix, work / "requests.parquet", decisions, targets=exp.targets,
+                    gpus={s.id: s.gpus for s in exp.servers})
     outs = {"md": str(dest / f"report{ns.suffix}.md"), "html": str(dest / f"report{ns.suffix}.html")}
     for chart in charts.CHARTS:
         outs[f"{chart.name}_png"] = str(dest / "charts" / f"{chart.name}{ns.suffix}.png")
@@ -285,7 +287,8 @@ def rederive(ns: argparse.Namespace) -> int:
                  [str(p) for p in sorted(res.glob("servers/*/launch.json"))], outs,
                  models_lock_path=str(res / "models.lock"),
                  reference_paths=[str(p) for p in sorted(res.glob("reference/*/*.json"))], loop_settings=settings,
-                 requests_path=str(work / "requests.parquet"), captions_dir=str(REPO / "docs" / "captions"))
+                 requests_path=str(work / "requests.parquet"), decisions_path=str(decisions),
+                 captions_dir=str(REPO / "docs" / "captions"))
     print(f"wrote {matrix.relative_to(REPO)} and {Path(outs['md']).relative_to(REPO)}")
     return 0
 

@@ -2,9 +2,15 @@
 agreement is summarized. Engine-free: the outputs are small recorded shapes of each client's own files."""
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import yaml
+
+from conftest import REPO, one_server_experiment, snakemake_cmd, wait_no_vllm
 from speedmatrix import peers
 from speedmatrix.report import sections
 
@@ -73,11 +79,44 @@ def test_a_client_that_cannot_run_is_refused_with_the_key_and_what_to_do(tmp_pat
     assert peers.problems(["vllm_bench_serve"], {"python": {"vllm_bench_serve": sys.executable}}, "X.yaml") == []
 
 
-def test_tokenizer_only_copies_the_tokenizer_files(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        (model / name).write_text("{}")
-    got = Path(peers.tokenizer_only(str(model), tmp_path / "tok"))
-    assert sorted(p.name for p in got.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
-    assert peers.tokenizer_only("google/gemma", tmp_path / "t2") == "google/gemma"  # a hub name stays
+def test_aiperf_runs_online_for_a_local_tokenizer_folder(tmp_path):
+    # AIPerf 0.13.0 offline looks a local folder up in the hub cache and fails (seen on the H200)
+    environ = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/bin"}
+    aiperf = peers.table()["aiperf"]
+    local = LOAD.__class__(**{**LOAD.__dict__, "tokenizer": str(tmp_path)})
+    assert aiperf.env(environ, local, None) == {"PATH": "/bin"}
+    assert aiperf.env(environ, LOAD, None) == environ  # a hub name: left as the user set it
+    assert peers.table()["vllm_bench_serve"].env({}, LOAD, "k") == {"OPENAI_API_KEY": "k"}
+
+
+@pytest.mark.engine
+@pytest.mark.peers
+def test_reference_rule_with_three_other_clients_on_the_real_server(tmp_path):
+    """The reference rule on the CPU vLLM: speedmatrix, vllm bench serve, AIPerf and GuideLLM each measure the
+    same cell on the same server, the agreement lands in the JSON and the report. Run offline
+    (HF_HUB_OFFLINE=1), as on the H200, where AIPerf then failed to load a local tokenizer folder."""
+    missing = [n for n in ("aiperf", "guidellm") if not (REPO / ".peers" / n / ".installed").exists()]
+    if missing:
+        if os.environ.get("SPEEDMATRIX_CI"):
+            pytest.fail(f"{', '.join(missing)} not installed: .ci/run runs `make peers` first")
+        pytest.skip("`make peers` installs AIPerf and GuideLLM")
+    d = one_server_experiment(tmp_path, "peers", {"capacity": {"contexts": [128], "concurrency": [4],
+                                                               "requests": 8, "max_tokens": 16}})
+    exp = yaml.safe_load((d / "peers.yaml").read_text())
+    exp["reference"] = {"cells": ["capacity-ctx128-c4"], "rounds": 1,
+                        "clients": ["vllm_bench_serve", "aiperf", "guidellm"]}
+    (d / "peers.yaml").write_text(yaml.safe_dump(exp))
+    proc = subprocess.run(snakemake_cmd(tmp_path, experiment="peers", experiments_dir=d), cwd=REPO,
+                          capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "results/peers/reference/base/capacity-ctx128-c4.json").read_text())
+    assert doc["clients"] == ["speedmatrix", "vllm_bench_serve", "aiperf", "guidellm"] and not doc["failed"]
+    for who in doc["clients"]:
+        (row,) = doc["runs"][who]
+        # every client finished the 8 requests and counted the server's 16 tokens each
+        assert row["completed"] == 8 and row["total_output_tokens"] == 8 * 16, (who, row)
+        assert row["output_throughput"] > 0 and row["median_ttft_ms"] > 0 and row["client_cpu_s"] >= 0
+    report = (tmp_path / "results/peers/report.md").read_text()
+    assert "## Agreement with other clients" in report and "| base | capacity-ctx128-c4 | guidellm | 1 |" in report
+    assert wait_no_vllm(30) == []

@@ -18,7 +18,6 @@ figures mean where they differ from ours.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import tempfile
 import time
@@ -77,11 +76,8 @@ def compare(cell: cells.Cell, url: str, model: str, tokenizer: str, client_cfg: 
                                   max_tokens=cell.max_tokens, requests=cell.requests, concurrency=cell.concurrency,
                                   seed=seed)
                 with tempfile.TemporaryDirectory(prefix=f"{who}-") as tmp:
-                    if who != "vllm_bench_serve":  # vLLM's own client reads the model folder as vLLM does
-                        load = dataclasses.replace(load, tokenizer=peers.tokenizer_only(tokenizer, Path(tmp) / "tok"))
                     try:
-                        row = peers.run(table[who], load, peers.python_for(who, settings), Path(tmp) / "run",
-                                        api_key)
+                        row = peers.run(table[who], load, peers.python_for(who, settings), Path(tmp), api_key)
                     except RuntimeError as exc:  # one client failing costs its own rounds, not the others'
                         row = {"error": str(exc)[-1500:], "client_cpu_s": None, "process_wall_s": None}
                         progress(f"round {k + 1}/{rounds} {who} failed: {row['error'][-300:]}")

@@ -79,28 +79,10 @@ def check(names: list[str], settings: dict[str, Any], where: str) -> None:
         raise ConfigError("; ".join(found))
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "chat_template.jinja", "vocab.json", "merges.txt")
-
-
-def tokenizer_only(model_dir: str, dest: Path) -> str:
-    """A folder with only the tokenizer's files of a local model folder. A client's transformers then never
-    reads the model's config.json: on the H200, AIPerf's AutoTokenizer failed on the Gemma-4 shape's config
-    (per-layer head sizes) and fell back to treating the path as a hub name ("Repo id must be in the form")."""
-    src = Path(model_dir)
-    if not (src / "config.json").exists():
-        return model_dir
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        if (src / name).exists():
-            (dest / name).write_bytes((src / name).read_bytes())
-    return str(dest)
-
-
 def run(peer: Peer, load: Load, python: list[str], work: Path, api_key: str | None = None) -> dict[str, Any]:
     """Run one peer once; its fields, plus the process's wall time and CPU seconds (its children included)."""
     work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **peer.env(api_key)}
+    env = peer.env(dict(os.environ), load, api_key)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(peer.argv(python, load, work, api_key), capture_output=True, text=True, env=env, cwd=work)

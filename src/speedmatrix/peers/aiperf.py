@@ -30,6 +30,15 @@ class AIPerf(Peer):
                 "--request-count", str(load.requests), "--random-seed", str(load.seed),
                 "--output-artifact-dir", str(work / "artifacts"), "--ui-type", "none", *key]
 
+    def env(self, environ: dict[str, str], load: Load, api_key: str | None) -> dict[str, str]:
+        # AIPerf 0.13.0 in offline mode (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE set) looks every tokenizer up
+        # in the hub cache, a local folder too, and fails ("Repo id must be in the form 'repo_name'"): so it
+        # failed on the H200, where the workflow runs offline. A local folder needs no hub: those variables
+        # are dropped for it (checked here: the online path loads a folder without a network)
+        if Path(load.tokenizer).is_dir():
+            return {k: v for k, v in environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+        return dict(environ)
+
     def parse(self, work: Path) -> dict[str, Any]:
         d = json.loads(next((work / "artifacts").rglob("profile_export_aiperf.json")).read_text())
 

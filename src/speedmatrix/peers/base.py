@@ -44,8 +44,9 @@ class Peer:
         goes there, and the folder is removed after the run)."""
         raise NotImplementedError
 
-    def env(self, api_key: str | None) -> dict[str, str]:
-        return {}
+    def env(self, environ: dict[str, str], load: Load, api_key: str | None) -> dict[str, str]:
+        """The client process's environment, from this process's."""
+        return dict(environ)
 
     def parse(self, work: Path) -> dict[str, Any]:
         raise NotImplementedError

@@ -32,8 +32,8 @@ class VllmBenchServe(Peer):
                 "--max-concurrency", str(load.concurrency), "--ignore-eos", "--seed", str(load.seed),
                 "--temperature", "0"]
 
-    def env(self, api_key: str | None) -> dict[str, str]:
-        return {"OPENAI_API_KEY": api_key} if api_key else {}  # what it sends as the bearer token
+    def env(self, environ: dict[str, str], load: Load, api_key: str | None) -> dict[str, str]:
+        return {**environ, "OPENAI_API_KEY": api_key} if api_key else dict(environ)  # its bearer token
 
     def parse(self, work: Path) -> dict[str, Any]:
         r = json.loads((work / "result.json").read_text())
