@@ -13,8 +13,11 @@ workflow there, and files what comes back under docs/results/<experiment>/.
     python3 bench/gpu_run.py wait EXPERIMENT  # there: wait (< 9 min) for it; when done, pack results into $OUT
     python3 bench/gpu_run.py collect TARBALL EXPERIMENT   # here: file the results under docs/results/
     python3 bench/gpu_run.py rederive TARBALL EXPERIMENT --policy flag_only --suffix -flag-only
-        # here: the loop verdicts, matrix and report again from the returned cells under another loop
-        # policy (the code of the loops, aggregate and report rules; no measurement is repeated)
+        # here: the loop verdicts, matrix, decisions and report again from the returned cells under another
+        # loop policy (the code of the loops, aggregate and report rules; no measurement is repeated)
+    python3 bench/gpu_run.py agree [--shapes 16x64,64x128] [--rounds 2]
+        # there, after the kit's calls: `speedmatrix agree` (speedmatrix, vllm bench serve, AIPerf, GuideLLM)
+        # on a server of its own (the 31B shape cut to 6 layers, eager); one JSON per shape into $OUT
 
 The workflow runs detached (its own session) so that it outlives one device
 call (10 minutes at most); the machine stays held while calls follow each
