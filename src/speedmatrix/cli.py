@@ -61,7 +61,7 @@ def cmd_agree(ns: argparse.Namespace) -> int:
 
     from . import atomic, peers, reference
     from .client import API_KEY_ENV
-    from .report import table
+    from .report import sections, table
 
     names = [n for n in ns.clients.split(",") if n]
     settings = {"python": dict(kv.split("=", 1) for kv in ns.python)}
@@ -75,13 +75,8 @@ def cmd_agree(ns: argparse.Namespace) -> int:
     api_key = os.environ.get(API_KEY_ENV) or os.environ.get("OPENAI_API_KEY") or None
     runs = reference.compare(cell, ns.url.rstrip("/"), ns.model, ns.tokenizer, client_cfg, names, settings,
                              ns.rounds, api_key, progress=lambda m: print(m, file=sys.stderr))
-    table_ = peers.table()
-    doc = {"cell": cell.as_dict(), "server_id": "-", "url": ns.url, "rounds": ns.rounds, "clients": list(runs),
-           "runs": runs, **reference.summarize(runs),
-           "notes": {reference.OURS: reference.OUR_NOTES, **{n: table_[n].notes for n in names}}}
+    doc = reference.document(cell, runs, server_id="-", url=ns.url, rounds=ns.rounds)
     atomic.write_json(ns.out, doc)
-    from .report import sections
-
     print(table.markdown([sections.reference_table([doc])]))
     return 0
 

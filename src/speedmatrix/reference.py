@@ -29,7 +29,6 @@ from .client import API_KEY_ENV
 from .errors import ConfigError
 from .job import JobContext
 
-OURS, summarize = peers.OURS, peers.summarize
 OUR_NOTES = ("prompts cut from a text corpus and checked to the exact token count with the server's /tokenize; "
              "greedy; output tokens from the server's usage; TPOT per request, ITL every gap between streamed events")
 
@@ -60,12 +59,12 @@ def compare(cell: cells.Cell, url: str, model: str, tokenizer: str, client_cfg: 
     table = peers.table()
     if Path(tokenizer).exists():  # the clients run in their own folders: a local path must not be relative
         tokenizer = str(Path(tokenizer).resolve())
-    order = [OURS, *names]
+    order = [peers.OURS, *names]
     runs: dict[str, list[dict[str, Any]]] = {who: [] for who in order}
     for k in range(rounds):
         for who in order[k % len(order):] + order[:k % len(order)]:
             seed = int(time.time() * 1000) % 2**31
-            if who == OURS:
+            if who == peers.OURS:
                 cpu0, t0 = time.process_time(), time.perf_counter()
                 result, _ = asyncio.run(cells.measure(cell, url, model, client_cfg, progress, loop_cfg, None,
                                                       server_env, kv_tokens))
@@ -80,15 +79,24 @@ def compare(cell: cells.Cell, url: str, model: str, tokenizer: str, client_cfg: 
                         row = peers.run(table[who], load, peers.python_for(who, settings), Path(tmp), api_key)
                     except RuntimeError as exc:  # one client failing costs its own rounds, not the others'
                         row = {"error": str(exc)[-1500:], "client_cpu_s": None, "process_wall_s": None}
-                        progress(f"round {k + 1}/{rounds} {who} failed: {row['error'][-300:]}")
-                        runs[who].append({**row, "round": k})
-                        continue
             row["round"] = k
             runs[who].append(row)
-            progress(f"round {k + 1}/{rounds} {who}: tok/s {row.get('output_throughput')}, median TTFT "
+            progress(f"round {k + 1}/{rounds} {who} failed: {row['error'][-300:]}" if "error" in row else
+                     f"round {k + 1}/{rounds} {who}: tok/s {row.get('output_throughput')}, median TTFT "
                      f"{row.get('median_ttft_ms')} ms, median TPOT {row.get('median_tpot_ms')} ms, "
                      f"client CPU {row['client_cpu_s']} s over {row['process_wall_s']} s")
     return runs
+
+
+def document(cell: cells.Cell, runs: dict[str, list[dict[str, Any]]], **extra: Any) -> dict[str, Any]:
+    """The agreement's JSON (the rule's and `speedmatrix agree`'s): every round, the summary, what each
+    client's figures mean, and the clients that failed (a reported fact, like a failed cell: the other
+    clients' rounds and the report stand)."""
+    table = peers.table()
+    notes = {who: OUR_NOTES if who == peers.OURS else table[who].notes for who in runs}
+    failed = {who: r["error"] for who, rs in runs.items() for r in rs if r.get("error")}
+    return {**extra, "cell": cell.as_dict(), "clients": list(runs), "runs": runs, **peers.summarize(runs),
+            "notes": notes, "failed": failed}
 
 
 def run_rule(job: JobContext, cell_id: str, out_json: str) -> dict[str, Any]:
@@ -101,8 +109,7 @@ def run_rule(job: JobContext, cell_id: str, out_json: str) -> dict[str, Any]:
                           "comparison with other clients takes cells of N requests at c, output capped")
     settings = settings_of(exp)
     rounds = int(settings.get("rounds", 2))
-    names = clients_of(settings)
-    peers.check(names, settings, str(exp.path))
+    names = clients_of(settings)  # known and importable: preflight checked them before any job
     job.use_api_key()
     api_key = os.environ.get(API_KEY_ENV) or None
     client_cfg = {**exp.client, "ignore_eos": True}  # every client ignores EOS: the same output lengths
@@ -112,18 +119,10 @@ def run_rule(job: JobContext, cell_id: str, out_json: str) -> dict[str, Any]:
                        rounds, api_key, exp.loops, launch.get("server_env"),
                        info["startup"].get("kv_cache_size_tokens"))
         startup = info["startup"]
-    order = list(runs)
-    summary = summarize(runs)
-    # a client that failed is a reported fact (its rounds keep their errors), like a failed cell: the
-    # other clients' rounds and the report stand
-    failed = {who: r["error"] for who, rs in runs.items() for r in rs if r.get("error")}
-    table = peers.table()
-    notes = {OURS: OUR_NOTES, **{n: table[n].notes for n in names}}
-    doc = {"experiment": exp.name, "server_id": job.server_id, "cell": cell.as_dict(), "rounds": rounds,
-           "clients": order, "runs": runs, **summary, "notes": notes, "failed": failed, "client": client_cfg,
-           "provenance": job.provenance(startup)}
+    doc = document(cell, runs, experiment=exp.name, server_id=job.server_id, rounds=rounds, client=client_cfg,
+                   provenance=job.provenance(startup))
     atomic.write_json(out_json, doc)
-    if failed:
-        print(f"failed rounds (kept with their errors in {out_json}): {', '.join(sorted(failed))}")
-    print(f"agreement ({rounds} rounds each, medians, client against speedmatrix): {summary['difference_pct']}")
+    if doc["failed"]:
+        print(f"failed rounds (kept with their errors in {out_json}): {', '.join(sorted(doc['failed']))}")
+    print(f"agreement ({rounds} rounds each, medians, client against speedmatrix): {doc['difference_pct']}")
     return doc

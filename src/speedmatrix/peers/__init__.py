@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
 from .base import COMPARED, FIELDS, OURS, Load, Peer
 
-__all__ = ["COMPARED", "FIELDS", "OURS", "Load", "Peer", "check", "normalized", "problems", "python_for", "run",
+__all__ = ["COMPARED", "FIELDS", "OURS", "Load", "Peer", "differences", "normalized", "problems", "python_for", "run",
            "summarize", "table"]
 
 
@@ -73,12 +72,6 @@ def problems(names: list[str], settings: dict[str, Any], where: str) -> list[str
     return out
 
 
-def check(names: list[str], settings: dict[str, Any], where: str) -> None:
-    found = problems(names, settings, where)
-    if found:
-        raise ConfigError("; ".join(found))
-
-
 def run(peer: Peer, load: Load, python: list[str], work: Path, api_key: str | None = None) -> dict[str, Any]:
     """Run one peer once; its fields, plus the process's wall time and CPU seconds (its children included)."""
     work.mkdir(parents=True, exist_ok=True)
@@ -112,20 +105,25 @@ def _spread(rounds: list[dict[str, Any]], key: str) -> list[float] | None:
     return [min(vals), max(vals)] if vals else None
 
 
-def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Medians, spreads and differences from speedmatrix's medians (percent, client against ours)."""
-    keys = (*FIELDS, "client_cpu_s", "process_wall_s")
-    med = {who: {k: _median(rs, k) for k in keys} for who, rs in runs.items()}
-    spread = {who: {k: _spread(rs, k) for k in COMPARED} for who, rs in runs.items()}
-    diff = {}
-    for who in runs:
+def differences(med: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Each other client's medians against speedmatrix's, in percent (client against ours)."""
+    out = {}
+    for who in med:
         if who == OURS:
             continue
-        diff[who] = {}
+        out[who] = {}
         for k in COMPARED:
             a, b = med[OURS].get(k), med[who].get(k)
-            diff[who][k] = None if a in (None, 0) or b is None else round(100.0 * (b / a - 1), 2)
-    return {"medians": med, "spread": spread, "difference_pct": diff}
+            out[who][k] = None if a in (None, 0) or b is None else round(100.0 * (b / a - 1), 2)
+    return out
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]], med: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Medians (or the given ones), spreads and differences from speedmatrix's medians."""
+    keys = (*FIELDS, "client_cpu_s", "process_wall_s")
+    med = med or {who: {k: _median(rs, k) for k in keys} for who, rs in runs.items()}
+    spread = {who: {k: _spread(rs, k) for k in COMPARED} for who, rs in runs.items()}
+    return {"medians": med, "spread": spread, "difference_pct": differences(med)}
 
 
 def normalized(doc: dict[str, Any]) -> dict[str, Any]:
@@ -136,11 +134,4 @@ def normalized(doc: dict[str, Any]) -> dict[str, Any]:
         return doc
     clients = [OURS, "vllm_bench_serve"]
     runs = {who: doc.get(who) or [] for who in clients}
-    med = doc.get("medians") or summarize(runs)["medians"]
-    diff = {"vllm_bench_serve": {}}
-    for k in COMPARED:
-        a, b = med[OURS].get(k), med["vllm_bench_serve"].get(k)
-        diff["vllm_bench_serve"][k] = None if a in (None, 0) or b is None else round(100.0 * (b / a - 1), 2)
-    return {**doc, "clients": clients, "runs": runs, "medians": med,
-            "spread": {who: {k: _spread(runs[who], k) for k in COMPARED} for who in clients},
-            "difference_pct": diff, "notes": {}}
+    return {**doc, "clients": clients, "runs": runs, **summarize(runs, doc.get("medians")), "notes": {}}
