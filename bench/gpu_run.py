@@ -147,13 +147,16 @@ def unpack() -> None:
         for name in ("aiperf", "guidellm"):
             wrapper = REPO / ".peers" / name / "bin" / "python"
             wrapper.parent.mkdir(parents=True, exist_ok=True)
-            wrapper.write_text(f"#!/bin/sh\nPYTHONPATH=/tmp/site-y HF_HUB_OFFLINE=1 exec {sys.executable} \"$@\"\n")
+            # the workflow's environment says offline; each peer's env() decides what it keeps (AIPerf
+            # fails offline on a local tokenizer folder): the wrapper adds nothing of its own
+            wrapper.write_text(f"#!/bin/sh\nPYTHONPATH=/tmp/site-y exec {sys.executable} \"$@\"\n")
             wrapper.chmod(0o755)
 
 
 def start(ns: argparse.Namespace) -> int:
     unpack()
-    cmd = [sys.executable, "-m", "snakemake", "--profile", "profiles/default", "--config",
+    until = ["--until", *ns.until] if ns.until else []
+    cmd = [sys.executable, "-m", "snakemake", "--profile", "profiles/default", *until, "--config",
            f"experiment={ns.experiment}", f"results_dir={results_dir(ns)}", f"models_dir={WORK}/models", *ns.set]
     log = open(f"{WORK}/run{ns.tag}.log", "ab")
     subprocess.run([sys.executable, "-c", "import vllm, snakemake, altair, msgspec; print('vllm', vllm.__version__)"],
@@ -309,6 +312,8 @@ def main() -> int:
     s.add_argument("--tag", default="", help="a suffix for the results folder, log and tarball (e.g. -serial)")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="more workflow config, e.g. gpus=1 (one undivided device: one server at a time)")
+    s.add_argument("--until", action="append", default=[], metavar="RULE",
+                   help="run only the jobs these rules need, and theirs (Snakemake's --until), e.g. reference")
     s.set_defaults(func=start)
     w = sub.add_parser("wait")
     w.add_argument("experiment")
