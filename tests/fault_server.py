@@ -4,7 +4,9 @@ The model name picks the behaviour: ``ok``, ``stall`` (stops sending after 3
 tokens), ``malformed`` (a broken event), ``drop`` (closes the connection mid
 stream), ``http500``, ``multi`` (two tokens an event, the count only in the final usage
 event), ``loop`` (a sentence repeated without end), ``json`` (a JSON answer instead of a
-stream). Used to check that the client ends every request with a
+stream), ``special`` (every token a special one, as random weights can make a model emit:
+the text is ``<pad>`` if the request says ``skip_special_tokens: false``, else empty, as
+vLLM streams it). Used to check that the client ends every request with a
 recorded reason instead of hanging.
 
 ``/tokenize`` answers one id per character (after a BOS, as vLLM's adds the
@@ -23,6 +25,7 @@ import json
 from aiohttp import web
 
 PROMPTS = web.AppKey("prompts", list)
+BODIES = web.AppKey("bodies", list)
 
 
 def _chunk(text: str, n: int) -> bytes:
@@ -34,6 +37,7 @@ def _chunk(text: str, n: int) -> bytes:
 async def completions(request: web.Request) -> web.StreamResponse:
     payload = await request.json()
     request.app[PROMPTS].append(payload["prompt"])
+    request.app[BODIES].append(payload)
     mode = payload["model"]
     if mode == "http500":
         return web.Response(status=500, text="boom")
@@ -43,6 +47,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return await multi_token_events(request, payload)
     if mode == "loop":
         return await looping_events(request, payload)
+    if mode == "special":
+        return await special_token_events(request, payload)
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
     for i in range(1, payload.get("max_tokens", 8) + 1):
@@ -74,6 +80,29 @@ async def multi_token_events(request: web.Request, payload: dict) -> web.StreamR
         await resp.write(f"data: {json.dumps(body)}\n\n".encode())
     usage = {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": n}}
     await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+    return resp
+
+
+async def special_token_events(request: web.Request, payload: dict) -> web.StreamResponse:
+    """Every token a special one, in vLLM's event shapes: its text ``<pad>`` if the request keeps special
+    tokens (``skip_special_tokens: false``), else empty; usage in each event only if asked
+    (``continuous_usage_stats``), the final usage event if asked (``include_usage``)."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    n = payload.get("max_tokens", 8)
+    text = "" if payload.get("skip_special_tokens", True) else "<pad>"
+    options = payload.get("stream_options") or {}
+    head = {"id": "cmpl-special", "object": "text_completion", "model": "special"}
+    for i in range(1, n + 1):
+        body = {**head, "choices": [{"index": 0, "text": text, "finish_reason": "length" if i == n else None}]}
+        if options.get("continuous_usage_stats"):
+            body["usage"] = {"prompt_tokens": 4, "completion_tokens": i, "total_tokens": 4 + i}
+        await resp.write(f"data: {json.dumps(body)}\n\n".encode())
+        await asyncio.sleep(0.005)
+    if options.get("include_usage"):
+        usage = {**head, "choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": n, "total_tokens": 4 + n}}
+        await resp.write(f"data: {json.dumps(usage)}\n\n".encode())
+    await resp.write(b"data: [DONE]\n\n")
     return resp
 
 
@@ -113,6 +142,10 @@ async def detokenize(request: web.Request) -> web.Response:
     return web.json_response({"prompt": "".join(chr(t) for t in payload["tokens"])})
 
 
+async def health(request: web.Request) -> web.Response:
+    return web.Response()
+
+
 def metrics_handler(running: int):
     async def handler(request: web.Request) -> web.Response:
         text = ("# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
@@ -128,8 +161,10 @@ def metrics_handler(running: int):
 def app(running: int | None = None, tokenize_answer: str = "ok") -> web.Application:
     a = web.Application()
     a[PROMPTS] = []  # every prompt received, for the tests to look at
+    a[BODIES] = []  # every request's body
     a[TOKENIZE] = tokenize_answer
     a.router.add_post("/v1/completions", completions)
+    a.router.add_get("/health", health)  # GuideLLM checks it before it starts
     a.router.add_post("/tokenize", tokenize)
     a.router.add_post("/detokenize", detokenize)
     if running is not None:

@@ -27,10 +27,12 @@ def test_every_client_is_asked_the_same_load(tmp_path):
     ap = table["aiperf"].argv(["py"], LOAD, tmp_path, "sekret")
     # greedy and EOS ignored as extra inputs; tokens counted from the server's usage, not re-tokenized
     assert "temperature:0" in ap and "ignore_eos:true" in ap and "--use-server-token-count" in ap
+    # special tokens streamed as text, by every client (a model may emit nothing else)
+    assert "skip_special_tokens:false" in ap and json.loads(vb[vb.index("--extra-body") + 1]) == peers.BODY
     assert ["--concurrency", "16"] == ap[ap.index("--concurrency"):][:2] and ap[-2:] == ["--api-key", "sekret"]
     gl = table["guidellm"].argv(["py"], LOAD, tmp_path, "sekret")
     scenario = json.loads(Path(gl[gl.index("--scenario") + 1]).read_text())["spec"]
-    assert scenario["backend"]["extras"] == {"body": {"temperature": 0}}
+    assert scenario["backend"]["extras"] == {"body": peers.BODY}
     assert scenario["data"] == [{"kind": "synthetic_text", "prompt_tokens": 1024, "output_tokens": 256}]
     assert scenario["profile"] == {"kind": "concurrent", "streams": 16}
     assert scenario["constraints"] == [{"kind": "max_requests", "count": 64}]
@@ -48,9 +50,9 @@ def test_each_clients_output_is_read_into_the_shared_fields(tmp_path):
     assert got["output_throughput"] == 600.5 and got["median_tpot_ms"] == 23.0 and got["completed"] == 64
     (tmp_path / "guidellm.json").write_text(json.dumps({"benchmarks": [{"duration": 20.0, "metrics": {
         "request_totals": {"successful": 64},
-        "output_token_count": {"successful": {"total_sum": 16384}},
-        "time_to_first_token_ms": {"successful": {"median": 940.0, "mean": 950.0}},
-        "inter_token_latency_ms": {"successful": {"median": 22.9}}}}]}))
+        "output_token_count": {"successful": {"total_sum": 16384, "count": 64}},
+        "time_to_first_token_ms": {"successful": {"median": 940.0, "mean": 950.0, "count": 64}},
+        "inter_token_latency_ms": {"successful": {"median": 22.9, "count": 64}}}}]}))
     got = peers.table()["guidellm"].parse(tmp_path)
     assert got["output_throughput"] == 16384 / 20.0 and got["median_ttft_ms"] == 940.0
 
@@ -120,3 +122,56 @@ def test_reference_rule_with_three_other_clients_on_the_real_server(tmp_path):
     report = (tmp_path / "results/peers/report.md").read_text()
     assert "## Agreement with other clients" in report and "| base | capacity-ctx128-c4 | guidellm | 1 |" in report
     assert wait_no_vllm(30) == []
+
+
+@pytest.fixture
+def special_token_server():
+    """tests/fault_server.py on a port of its own (the clients are other processes), answering every request
+    with special tokens only: empty text unless the request keeps special tokens."""
+    import asyncio
+    import socket
+    import threading
+
+    from aiohttp import web
+
+    import fault_server
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    application = fault_server.app()
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(application)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{port}", application[fault_server.BODIES]
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    loop.run_until_complete(runner.cleanup())
+
+
+@pytest.mark.peers
+def test_clients_that_time_the_first_text_see_a_model_that_emits_only_special_tokens(tmp_path,
+                                                                                      special_token_server):
+    """On the H200 the 31B shape's random weights emit <pad> after <pad>. Streamed with special tokens skipped,
+    every event's text is empty: AIPerf then counted every request failed and GuideLLM reported a TTFT of 0.
+    Every client now asks for special tokens as text, as speedmatrix's own client does with ignore_eos."""
+    missing = [n for n in ("aiperf", "guidellm") if not (REPO / ".peers" / n / ".installed").exists()]
+    if missing:
+        if os.environ.get("SPEEDMATRIX_CI"):
+            pytest.fail(f"{', '.join(missing)} not installed: .ci/run runs `make peers` first")
+        pytest.skip("`make peers` installs AIPerf and GuideLLM")
+    from speedmatrix import models
+
+    url, bodies = special_token_server
+    models.synthesize("tiny-gemma4", tmp_path / "tiny")  # its tokenizer: the clients write their prompts with it
+    load = peers.Load(url=url, model="special", tokenizer=str(tmp_path / "tiny"), context=32, max_tokens=8, requests=4,
+                      concurrency=2, seed=3)
+    for who in ("aiperf", "guidellm"):
+        row = peers.run(peers.table()[who], load, peers.python_for(who, {}), tmp_path / who)
+        assert row["completed"] == 4 and row["total_output_tokens"] == 32, (who, row)
+        assert row["median_ttft_ms"] > 0, (who, row)
+    sent = [b for b in bodies if b.get("max_tokens") == 8]
+    assert len(sent) >= 8 and all(b["skip_special_tokens"] is False and b["temperature"] == 0 for b in sent)

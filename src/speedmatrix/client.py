@@ -76,8 +76,10 @@ class RequestOptions:
     watch_loops: bool = True
     stop_looping: bool = False
     loop_thresholds: dict[str, Any] = field(default_factory=dict)
-    # with ignore_eos: the model's end-of-text token as text; special tokens are then kept in the
-    # output so the client can see where the model had ended (natural_end_char)
+    # with ignore_eos, special tokens are kept in the output (skip_special_tokens false): every token
+    # streamed has text, and with eos_text (the model's end-of-text token as text) the client sees
+    # where the model had ended (natural_end_char). Random weights can emit special tokens and nothing
+    # else (the 31B shape on the H200: <pad> after <pad>); every client of an agreement asks the same
     eos_text: str | None = None
     # "completions" (/v1/completions, the prompt as given) or "chat" (/v1/chat/completions: the
     # prompt text as one user message, through the model's chat template with chat_template_kwargs,
@@ -90,7 +92,7 @@ class RequestOptions:
         return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
 
     def payload(self, model: str, prompt: list[int] | str) -> dict[str, Any]:
-        extra: dict[str, Any] = {"skip_special_tokens": False} if self.ignore_eos and self.eos_text else {}
+        extra: dict[str, Any] = {"skip_special_tokens": False} if self.ignore_eos else {}
         if self.api == "chat":
             if not isinstance(prompt, str):
                 raise ValueError("the chat API takes text prompts (client.prompt_format: text)")

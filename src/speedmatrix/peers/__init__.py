@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .base import COMPARED, FIELDS, OURS, Load, Peer
+from .base import BODY, COMPARED, FIELDS, OURS, Load, Peer
 
-__all__ = ["COMPARED", "FIELDS", "OURS", "Load", "Peer", "differences", "normalized", "problems", "python_for", "run",
-           "summarize", "table"]
+__all__ = ["BODY", "COMPARED", "FIELDS", "OURS", "Load", "Peer", "differences", "normalized", "problems",
+           "python_for", "run", "summarize", "table"]
 
 
 def table() -> dict[str, Peer]:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .base import Load, Peer
+from .base import BODY, Load, Peer
 
 
 class AIPerf(Peer):
@@ -14,9 +14,11 @@ class AIPerf(Peer):
     module = "aiperf"
     pin = "aiperf==0.13.0"
     notes = ("synthetic prompts of the asked token count; sends no temperature unless told, so it is given "
-             "temperature 0 and ignore_eos as extra inputs; by default it counts output tokens by re-tokenizing "
-             "the streamed text (more tokens than the server generated), so it runs with --use-server-token-count; "
-             "its inter-token latency is per request ((end - first token) / (tokens - 1)), our TPOT")
+             "temperature 0, ignore_eos and skip_special_tokens false as extra inputs; its first token is the "
+             "first event with text (a request whose events all have empty text counts as failed); by default it "
+             "counts output tokens by re-tokenizing the streamed text (more tokens than the server generated), so "
+             "it runs with --use-server-token-count; its inter-token latency is per request ((end - first token) / "
+             "(tokens - 1)), our TPOT")
 
     def argv(self, python: list[str], load: Load, work: Path, api_key: str | None) -> list[str]:
         # no environment variable or file takes AIPerf's key: it is on its command line (never logged here)
@@ -25,7 +27,7 @@ class AIPerf(Peer):
                 "--endpoint-type", "completions", "--streaming", "--url", load.url,
                 "--synthetic-input-tokens-mean", str(load.context), "--synthetic-input-tokens-stddev", "0",
                 "--output-tokens-mean", str(load.max_tokens), "--output-tokens-stddev", "0",
-                "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0",
+                *[a for k, v in BODY.items() for a in ("--extra-inputs", f"{k}:{json.dumps(v)}")],
                 "--use-server-token-count", "--concurrency", str(load.concurrency),
                 "--request-count", str(load.requests), "--random-seed", str(load.seed),
                 "--output-artifact-dir", str(work / "artifacts"), "--ui-type", "none", *key]

@@ -16,6 +16,12 @@ COMPARED = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl
 # - median_itl_ms: the gap between streamed events, over all gaps (vLLM's ITL); None where a client lacks it
 FIELDS = ("completed", "total_output_tokens", "output_throughput", "median_ttft_ms", "mean_ttft_ms",
           "median_tpot_ms", "median_itl_ms", "duration")
+# What every client's requests carry beside the prompt and max_tokens, as speedmatrix's own (client.py):
+# greedy, EOS ignored, special tokens streamed as text. The last matters where a model emits special tokens:
+# the server then streams an event with empty text for each, which vLLM's client and ours count as a token
+# and AIPerf and GuideLLM do not (their first token is the first event with text). On the H200 the 31B
+# shape's random weights emit <pad> after <pad>: AIPerf counted every request failed, GuideLLM a TTFT of 0.
+BODY: dict[str, Any] = {"temperature": 0, "ignore_eos": True, "skip_special_tokens": False}
 
 
 @dataclass(frozen=True)

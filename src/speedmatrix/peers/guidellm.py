@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .base import Load, Peer
+from .base import BODY, Load, Peer
 
 
 class GuideLLM(Peer):
@@ -19,14 +19,15 @@ class GuideLLM(Peer):
     module = "guidellm"
     pin = "guidellm==0.8.1"
     notes = ("synthetic prompts of the asked token count; sends no temperature unless told (given temperature 0 "
-             "in the body); asks the server for usage on every chunk (continuous_usage_stats) and counts tokens "
-             "from it; its output tok/s here is its total output tokens over its benchmark's duration; its "
-             "inter-token latency is per request, our TPOT")
+             "and skip_special_tokens false in the body); its first token is the first event with text; asks the "
+             "server for usage on every chunk (continuous_usage_stats) and counts tokens from it; its output tok/s "
+             "here is its total output tokens over its benchmark's duration; its inter-token latency is per "
+             "request, our TPOT")
 
     def argv(self, python: list[str], load: Load, work: Path, api_key: str | None) -> list[str]:
         scenario = {"spec": {
             "backend": {"kind": "openai_http", "target": load.url, "model": load.model,
-                        "request_format": "/v1/completions", "extras": {"body": {"temperature": 0}}},
+                        "request_format": "/v1/completions", "extras": {"body": dict(BODY)}},
             "profile": {"kind": "concurrent", "streams": load.concurrency},
             "data": [{"kind": "synthetic_text", "prompt_tokens": load.context, "output_tokens": load.max_tokens}],
             "tokenizer": {"kind": "huggingface_auto", "model": load.tokenizer},
@@ -45,8 +46,10 @@ class GuideLLM(Peer):
         m = b["metrics"]
 
         def ok(key: str, which: str) -> float | None:
+            # a distribution of no values (no request had a first token: every event's text was empty) reads
+            # 0.0 in GuideLLM's file: no figure, not zero
             v = (m.get(key) or {}).get("successful") or {}
-            return v.get(which)
+            return v.get(which) if v.get("count") else None
 
         tokens = ok("output_token_count", "total_sum")
         duration = b.get("duration")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .base import FIELDS, Load, Peer
+from .base import BODY, FIELDS, Load, Peer
 
 
 class VllmBenchServe(Peer):
@@ -22,7 +22,8 @@ class VllmBenchServe(Peer):
     pin = "the workflow's own vLLM"
     notes = ("random dataset (token ids decoded to text, a few tokens off the asked length), greedy "
              "(--temperature 0: since vLLM 0.32 it is not the default), no warm-up beyond its one test request; "
-             "output tokens from the server's usage; ITL is every gap between streamed events")
+             "output tokens from the server's usage; its first token is the first streamed event, text or not; "
+             "ITL is every gap between streamed events")
 
     def argv(self, python: list[str], load: Load, work: Path, api_key: str | None) -> list[str]:
         return [*python, "-m", "speedmatrix.peers.vllm_bench", "--out", str(work / "result.json"), "--",
@@ -30,7 +31,7 @@ class VllmBenchServe(Peer):
                 "--dataset-name", "random", "--random-input-len", str(load.context),
                 "--random-output-len", str(load.max_tokens), "--num-prompts", str(load.requests),
                 "--max-concurrency", str(load.concurrency), "--ignore-eos", "--seed", str(load.seed),
-                "--temperature", "0"]
+                "--temperature", "0", "--extra-body", json.dumps(BODY)]
 
     def env(self, environ: dict[str, str], load: Load, api_key: str | None) -> dict[str, str]:
         return {**environ, "OPENAI_API_KEY": api_key} if api_key else dict(environ)  # its bearer token
