@@ -15,6 +15,7 @@ workflow there, and files what comes back under docs/results/<experiment>/.
     python3 bench/gpu_run.py rederive TARBALL EXPERIMENT --policy flag_only --suffix -flag-only
         # here: the loop verdicts, matrix, decisions and report again from the returned cells under another
         # loop policy (the code of the loops, aggregate and report rules; no measurement is repeated)
+    python3 bench/gpu_run.py report EXPERIMENT   # here: the report again from docs/results/EXPERIMENT/ as it is
     python3 bench/gpu_run.py agree [--shapes 16x64,64x128] [--rounds 2]
         # there, after the kit's calls: `speedmatrix agree` (speedmatrix, vllm bench serve, AIPerf, GuideLLM)
         # on a server of its own (the 31B shape cut to 6 layers, eager); one JSON per shape into $OUT
@@ -299,6 +300,29 @@ def rederive(ns: argparse.Namespace) -> int:
     return 0
 
 
+def report(ns: argparse.Namespace) -> int:
+    """Here: the report again from what docs/results/<experiment>/ holds (its matrix, decisions, requests,
+    reference JSONs, launch and locks), with the code of the report rule: after files were added there (e.g.
+    the reference rule's JSONs of a later run on the same experiment). No loop verdict is judged again."""
+    sys.path.insert(0, str(REPO / "src"))
+    from speedmatrix import charts, experiment
+    from speedmatrix.report import document
+
+    dest = REPO / "docs" / "results" / ns.experiment
+    exp = experiment.load(ns.experiment, REPO / "config" / "experiments")
+    outs = {"md": str(dest / "report.md"), "html": str(dest / "report.html")}
+    for chart in charts.CHARTS:
+        outs[f"{chart.name}_png"] = str(dest / "charts" / f"{chart.name}.png")
+    document.build(ns.experiment, str(REPO / "config" / "experiments"), str(dest / "matrix.parquet"),
+                   str(dest / "runtime.lock.json"), [str(p) for p in sorted(dest.glob("servers/*/launch.json"))],
+                   outs, models_lock_path=str(dest / "models.lock"),
+                   reference_paths=[str(p) for p in sorted(dest.glob("reference/*/*.json"))], loop_settings=exp.loops,
+                   requests_path=str(dest / "requests.parquet"), decisions_path=str(dest / "decisions.parquet"),
+                   captions_dir=str(REPO / "docs" / "captions"))
+    print(f"wrote {Path(outs['md']).relative_to(REPO)} and report.html")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -336,6 +360,9 @@ def main() -> int:
     r.add_argument("--policy", choices=["any", "fraction", "flag_only"], default="flag_only")
     r.add_argument("--suffix", default="-flag-only")
     r.set_defaults(func=rederive)
+    rp = sub.add_parser("report")
+    rp.add_argument("experiment")
+    rp.set_defaults(func=report)
     ns = ap.parse_args()
     return ns.func(ns)
 

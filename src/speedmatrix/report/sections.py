@@ -305,7 +305,18 @@ def reference_notes(refs: list[dict[str, Any]]) -> list[str]:
         notes.update(d.get("notes") or {})
         failed.update(d.get("failed") or {})
     return ([f"{who}: {text}" for who, text in notes.items()]
-            + [f"{who} failed: {error.strip().splitlines()[-1][:300]}" for who, error in failed.items()])
+            + [f"{who} failed: {_error_line(error)}" for who, error in failed.items()])
+
+
+def _error_line(error: str) -> str:
+    """The line of a client's output that says what went wrong: its last that names an error, else its last
+    (a client's output ends in a log path or a box, not in the reason)."""
+    lines = [line.strip(" │") for line in error.strip().splitlines() if line.strip(" │")]
+    for says in (lambda t: " ERROR " in f" {t} ", lambda t: "Error:" in t or "failed" in t):
+        named = [line for line in lines if says(line)]
+        if named:
+            return named[-1][:300]
+    return (lines or [""])[-1][:300]
 
 
 GATE_LABELS = {"smoke": "Smoke", "structured_json": "Structured JSON", "tool_calls": "Tool calls"}
