@@ -18,6 +18,15 @@ LOAD = peers.Load(url="http://127.0.0.1:9", model="m", tokenizer="/tok", context
                   requests=64, concurrency=16, seed=7)
 
 
+def need_peers():
+    """AIPerf and GuideLLM in .peers/ (`make peers`): a skip without them, a failure in CI."""
+    missing = [n for n in ("aiperf", "guidellm") if not (REPO / ".peers" / n / ".installed").exists()]
+    if missing:
+        if os.environ.get("SPEEDMATRIX_CI"):
+            pytest.fail(f"{', '.join(missing)} not installed: .ci/run runs `make peers` first")
+        pytest.skip("`make peers` installs AIPerf and GuideLLM")
+
+
 def test_every_client_is_asked_the_same_load(tmp_path):
     table = peers.table()
     assert set(table) == {"vllm_bench_serve", "aiperf", "guidellm"}
@@ -97,11 +106,7 @@ def test_reference_rule_with_three_other_clients_on_the_real_server(tmp_path):
     """The reference rule on the CPU vLLM: speedmatrix, vllm bench serve, AIPerf and GuideLLM each measure the
     same cell on the same server, the agreement lands in the JSON and the report. Run offline
     (HF_HUB_OFFLINE=1), as on the H200, where AIPerf then failed to load a local tokenizer folder."""
-    missing = [n for n in ("aiperf", "guidellm") if not (REPO / ".peers" / n / ".installed").exists()]
-    if missing:
-        if os.environ.get("SPEEDMATRIX_CI"):
-            pytest.fail(f"{', '.join(missing)} not installed: .ci/run runs `make peers` first")
-        pytest.skip("`make peers` installs AIPerf and GuideLLM")
+    need_peers()
     d = one_server_experiment(tmp_path, "peers", {"capacity": {"contexts": [128], "concurrency": [4],
                                                                "requests": 8, "max_tokens": 16}})
     exp = yaml.safe_load((d / "peers.yaml").read_text())
@@ -158,11 +163,7 @@ def test_clients_that_time_the_first_text_see_a_model_that_emits_only_special_to
     """On the H200 the 31B shape's random weights emit <pad> after <pad>. Streamed with special tokens skipped,
     every event's text is empty: AIPerf then counted every request failed and GuideLLM reported a TTFT of 0.
     Every client now asks for special tokens as text, as speedmatrix's own client does with ignore_eos."""
-    missing = [n for n in ("aiperf", "guidellm") if not (REPO / ".peers" / n / ".installed").exists()]
-    if missing:
-        if os.environ.get("SPEEDMATRIX_CI"):
-            pytest.fail(f"{', '.join(missing)} not installed: .ci/run runs `make peers` first")
-        pytest.skip("`make peers` installs AIPerf and GuideLLM")
+    need_peers()
     from speedmatrix import models
 
     url, bodies = special_token_server
