@@ -10,6 +10,7 @@ workflow there, and files what comes back under docs/results/<experiment>/.
                                               # .gk/y0.. (AIPerf and GuideLLM, the reference rule's clients)
     python3 bench/gpu_run.py plan [EXPERIMENT] [--kind K]   # here: the device calls, one per line
     python3 bench/gpu_run.py start EXPERIMENT # there: unpack the kit, start the workflow detached
+        # [--until reference]: only the jobs that rule needs (the reference jobs and their server)
     python3 bench/gpu_run.py wait EXPERIMENT  # there: wait (< 9 min) for it; when done, pack results into $OUT
     python3 bench/gpu_run.py collect TARBALL EXPERIMENT   # here: file the results under docs/results/
     python3 bench/gpu_run.py rederive TARBALL EXPERIMENT --policy flag_only --suffix -flag-only
@@ -23,6 +24,9 @@ workflow there, and files what comes back under docs/results/<experiment>/.
 The workflow runs detached (its own session) so that it outlives one device
 call (10 minutes at most); the machine stays held while calls follow each
 other within its 30 s idle window. The server stops when the workflow ends.
+
+Copy what a device call returns out of its files_at folder at once: a later
+call's files can take the same folder (a results tarball was lost that way).
 """
 
 from __future__ import annotations
