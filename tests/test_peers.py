@@ -107,8 +107,9 @@ def test_reference_rule_with_three_other_clients_on_the_real_server(tmp_path):
     same cell on the same server, the agreement lands in the JSON and the report. Run offline
     (HF_HUB_OFFLINE=1), as on the H200, where AIPerf then failed to load a local tokenizer folder."""
     need_peers()
+    # repeats: 2 for the matrix's cell; a reference round measures it once, as the other clients do
     d = one_server_experiment(tmp_path, "peers", {"capacity": {"contexts": [128], "concurrency": [4],
-                                                               "requests": 8, "max_tokens": 16}})
+                                                               "requests": 8, "max_tokens": 16, "repeats": 2}})
     exp = yaml.safe_load((d / "peers.yaml").read_text())
     exp["reference"] = {"cells": ["capacity-ctx128-c4"], "rounds": 1,
                         "clients": ["vllm_bench_serve", "aiperf", "guidellm"]}

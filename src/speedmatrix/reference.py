@@ -18,6 +18,7 @@ figures mean where they differ from ours.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import tempfile
 import time
@@ -103,7 +104,9 @@ def run_rule(job: JobContext, cell_id: str, out_json: str) -> dict[str, Any]:
     """The reference rule: one cell measured by speedmatrix and by each named client, in rotating order, on the
     same server."""
     exp, launch = job.experiment, job.launch
-    cell = exp.cell(job.server_id, cell_id)
+    # one measurement a round, as every other client makes: the rounds are the repeats (a GPU profile's
+    # `repeats: 3` would have speedmatrix send three times the requests of the others each round)
+    cell = dataclasses.replace(exp.cell(job.server_id, cell_id), repeats=1)
     if not cell.kind.reference:
         raise ConfigError(f"{exp.path}: key 'reference.cells': {cell_id} is a {cell.workload} cell; the "
                           "comparison with other clients takes cells of N requests at c, output capped")
