@@ -269,8 +269,7 @@ def rederive(ns: argparse.Namespace) -> int:
     import pandas as pd
 
     sys.path.insert(0, str(REPO / "src"))
-    from speedmatrix import aggregate, atomic, charts, experiment, loopcheck
-    from speedmatrix.report import document
+    from speedmatrix import aggregate, atomic, experiment, loopcheck
 
     work = Path(subprocess.run(["mktemp", "-d"], capture_output=True, text=True, check=True).stdout.strip())
     with tarfile.open(ns.tarball) as tar:
@@ -291,17 +290,28 @@ def rederive(ns: argparse.Namespace) -> int:
     decisions = dest / f"decisions{ns.suffix}.parquet"
     aggregate.build(cells, loops, reqs, matrix, work / "requests.parquet", decisions, targets=exp.targets,
                     gpus={s.id: s.gpus for s in exp.servers})
-    outs = {"md": str(dest / f"report{ns.suffix}.md"), "html": str(dest / f"report{ns.suffix}.html")}
-    for chart in charts.CHARTS:
-        outs[f"{chart.name}_png"] = str(dest / "charts" / f"{chart.name}{ns.suffix}.png")
-    document.build(ns.experiment, str(REPO / "config" / "experiments"), str(matrix), str(res / "runtime.lock.json"),
-                 [str(p) for p in sorted(res.glob("servers/*/launch.json"))], outs,
-                 models_lock_path=str(res / "models.lock"),
-                 reference_paths=[str(p) for p in sorted(res.glob("reference/*/*.json"))], loop_settings=settings,
-                 requests_path=str(work / "requests.parquet"), decisions_path=str(decisions),
-                 captions_dir=str(REPO / "docs" / "captions"))
-    print(f"wrote {matrix.relative_to(REPO)} and {Path(outs['md']).relative_to(REPO)}")
+    md = write_report(ns.experiment, res, dest, ns.suffix, matrix, work / "requests.parquet", decisions, settings)
+    print(f"wrote {matrix.relative_to(REPO)} and {md.relative_to(REPO)}")
     return 0
+
+
+def write_report(experiment: str, src: Path, dest: Path, suffix: str, matrix: Path, requests: Path,
+                 decisions: Path, loop_settings: dict) -> Path:
+    """The report rule's code on a run's files: locks, launches and reference JSONs from `src`, the report and
+    its charts into `dest` (names with `suffix`). Returns report.md's path."""
+    from speedmatrix import charts
+    from speedmatrix.report import document
+
+    outs = {"md": str(dest / f"report{suffix}.md"), "html": str(dest / f"report{suffix}.html")}
+    for chart in charts.CHARTS:
+        outs[f"{chart.name}_png"] = str(dest / "charts" / f"{chart.name}{suffix}.png")
+    document.build(experiment, str(REPO / "config" / "experiments"), str(matrix), str(src / "runtime.lock.json"),
+                   [str(p) for p in sorted(src.glob("servers/*/launch.json"))], outs,
+                   models_lock_path=str(src / "models.lock"),
+                   reference_paths=[str(p) for p in sorted(src.glob("reference/*/*.json"))],
+                   loop_settings=loop_settings, requests_path=str(requests), decisions_path=str(decisions),
+                   captions_dir=str(REPO / "docs" / "captions"))
+    return Path(outs["md"])
 
 
 def report(ns: argparse.Namespace) -> int:
@@ -309,21 +319,13 @@ def report(ns: argparse.Namespace) -> int:
     reference JSONs, launch and locks), with the code of the report rule: after files were added there (e.g.
     the reference rule's JSONs of a later run on the same experiment). No loop verdict is judged again."""
     sys.path.insert(0, str(REPO / "src"))
-    from speedmatrix import charts, experiment
-    from speedmatrix.report import document
+    from speedmatrix import experiment
 
     dest = REPO / "docs" / "results" / ns.experiment
     exp = experiment.load(ns.experiment, REPO / "config" / "experiments")
-    outs = {"md": str(dest / "report.md"), "html": str(dest / "report.html")}
-    for chart in charts.CHARTS:
-        outs[f"{chart.name}_png"] = str(dest / "charts" / f"{chart.name}.png")
-    document.build(ns.experiment, str(REPO / "config" / "experiments"), str(dest / "matrix.parquet"),
-                   str(dest / "runtime.lock.json"), [str(p) for p in sorted(dest.glob("servers/*/launch.json"))],
-                   outs, models_lock_path=str(dest / "models.lock"),
-                   reference_paths=[str(p) for p in sorted(dest.glob("reference/*/*.json"))], loop_settings=exp.loops,
-                   requests_path=str(dest / "requests.parquet"), decisions_path=str(dest / "decisions.parquet"),
-                   captions_dir=str(REPO / "docs" / "captions"))
-    print(f"wrote {Path(outs['md']).relative_to(REPO)} and report.html")
+    md = write_report(ns.experiment, dest, dest, "", dest / "matrix.parquet", dest / "requests.parquet",
+                      dest / "decisions.parquet", exp.loops)
+    print(f"wrote {md.relative_to(REPO)} and report.html")
     return 0
 
 
