@@ -28,6 +28,22 @@ include: "rules/aggregate.smk"
 include: "rules/report.smk"
 
 
+# On a cluster, the light jobs run where Snakemake runs (the login node): pinning, model
+# downloads and manifests (compute nodes often have no internet), launch specs, loop verdicts,
+# aggregation and the report take seconds, and as cluster jobs each cost a submission, a
+# Snakemake start on the node and a status poll. What measures or needs the node's GPUs (cells,
+# gates, reference clients, the P2P check) is submitted. Locally this changes nothing.
+localrules:
+    pin_runtime,
+    model,
+    models_lock,
+    server_launch,
+    loops,
+    aggregate,
+    report,
+    all,
+
+
 rule all:
     default_target: True
     input:

@@ -97,7 +97,7 @@ def stop_servers():
 def measuring_jobs():
     # every job of the run that checks or talks to a server: (name, output, log)
     jobs = []
-    for sid in SERVER_IDS:
+    for sid in P2P_SERVER_IDS:
         jobs.append(
             (
                 f"{sid} p2p_check",
@@ -228,6 +228,17 @@ def cell_priority(wildcards):
     # All cells of one server config before the next config's: one server
     # start per config (the scheduler runs the highest priority first).
     return 10 * (len(SERVER_IDS) - SERVER_IDS.index(wildcards.server_id))
+
+
+# The server configs whose launch waits for a P2P check: tensor x pipeline parallel above one GPU. The
+# others have no such job (on a cluster it would be an allocation of its own that checks nothing).
+P2P_SERVER_IDS = [s.id for s in EXP.servers if s.gpus > 1]
+
+
+def p2p_of(wildcards):
+    if wildcards.server_id in P2P_SERVER_IDS:
+        return f"{RESULTS}/servers/{wildcards.server_id}/p2p.json"
+    return []
 
 
 def server_gpus(wildcards):

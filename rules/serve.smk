@@ -1,5 +1,6 @@
 # Tensor parallelism above 1: CUDA peer access and NCCL's P2P use are checked
-# before the server config's launch (speedmatrix.p2p); one GPU: not applicable.
+# before the server config's launch (speedmatrix.p2p); a config on one GPU or
+# the CPU has no such job (rules/common.smk, P2P_SERVER_IDS).
 # The launch spec of a server config: the exact argv, environment and model
 # hashes. The server itself is brought up by the first cell that needs it
 # and writes servers/<id>/startup.json (docs/decisions/0001).
@@ -27,7 +28,7 @@ rule server_launch:
     input:
         lock=f"{RESULTS}/runtime.lock.json",
         models=server_models,
-        p2p=f"{RESULTS}/servers/{{server_id}}/p2p.json",
+        p2p=p2p_of,
     output:
         f"{RESULTS}/servers/{{server_id}}/launch.json",
     log:

@@ -97,7 +97,10 @@ def one_server_experiment(tmp_path: Path, name: str, workloads: dict, servers: l
     data["runtime"].update(runtime or {})
     data["servers"] = servers or [{"id": "base"}]
     data["server"]["args"]["enforce-eager"] = True
-    data["workloads"] = workloads
+    if workloads:
+        data["workloads"] = workloads
+    else:  # each server config brings its own
+        data.pop("workloads", None)
     (d / f"{name}.yaml").write_text(yaml.safe_dump(data))
     return d
 
@@ -108,3 +111,25 @@ def no_vllm_before():
     if left:
         pytest.fail("vLLM processes are already running before the engine tests; stop them first: "
                     + "; ".join(left))
+
+
+# --------------------------------------------------------------------------- where the suite's time goes
+
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Every phase of every test (set-up, call, tear-down) counted to its file: a module fixture's run is
+    the set-up of the first test that asks for it."""
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _FILE_SECONDS:
+        return
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_sep("=", "seconds per test file (set-up, call and tear-down)")
+    for path, secs in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{secs:9.1f} s  {100 * secs / total:5.1f} %  {path}")
+    terminalreporter.write_line(f"{total:9.1f} s  100.0 %  in all")

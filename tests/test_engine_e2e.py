@@ -231,9 +231,20 @@ def one_server(tmp_path):
     return one_server_experiment(tmp_path, "lifecycle", LIFECYCLE_WORKLOADS)
 
 
-def test_server_killed_during_a_cell(one_server, tmp_path, no_vllm_before):
+# the kill test's experiment: the lifecycle's decode cells and, measured in the same runs, the capacity and
+# latency kinds (test_capacity_and_latency_cells reads them: one workflow and its rerun for both tests)
+KINDS = {**LIFECYCLE_WORKLOADS,
+         "capacity": {"contexts": [128], "concurrency": [1, 8], "requests": 16, "max_tokens": 32},
+         "latency": {"contexts": [128, 512], "requests": 2, "max_tokens": 16}}
+
+
+@pytest.fixture(scope="module")
+def killed_and_rerun(tmp_path_factory, no_vllm_before):
+    """A run whose server is killed during its second measured cell, then the rerun: what each left."""
+    tmp_path = tmp_path_factory.mktemp("killed")
+    exp_dir = one_server_experiment(tmp_path, "lifecycle", KINDS)
     res = tmp_path / "results" / "lifecycle"
-    proc = subprocess.Popen(snakemake_cmd(tmp_path, experiment="lifecycle", experiments_dir=one_server),
+    proc = subprocess.Popen(snakemake_cmd(tmp_path, experiment="lifecycle", experiments_dir=exp_dir),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         victim = wait_for(lambda: running_decode_cell(res, 1), 400, "a second cell to start measuring")
@@ -245,22 +256,30 @@ def test_server_killed_during_a_cell(one_server, tmp_path, no_vllm_before):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode != 0
-    assert wait_no_vllm(30) == []
-    # the finished cells are untouched, the killed one has no result
-    for p, data in finished.items():
-        assert p.read_bytes() == data, p
-    assert not (res / "cells/base" / f"{victim}.json").exists()
-    assert "died" in (res / "logs/cells/base" / f"{victim}.log").read_text() or "failed" in out
-    mtimes = {p: p.stat().st_mtime_ns for p in finished}
+    first = {"returncode": proc.returncode, "out": out, "left": wait_no_vllm(30), "victim": victim,
+             "finished": finished, "victim_done": (res / "cells/base" / f"{victim}.json").exists(),
+             "victim_log": (res / "logs/cells/base" / f"{victim}.log").read_text(),
+             "mtimes": {p: p.stat().st_mtime_ns for p in finished}}
+    again = run_snakemake(tmp_path, experiment="lifecycle", experiments_dir=exp_dir)
+    return res, first, again, wait_no_vllm(30)
 
-    again = run_snakemake(tmp_path, experiment="lifecycle", experiments_dir=one_server)
+
+def test_server_killed_during_a_cell(killed_and_rerun):
+    res, first, again, left = killed_and_rerun
+    assert first["returncode"] != 0
+    assert first["left"] == []
+    # the finished cells are untouched, the killed one has no result
+    for p, data in first["finished"].items():
+        assert p.read_bytes() == data, p
+    assert not first["victim_done"]
+    assert "died" in first["victim_log"] or "failed" in first["out"]
+
     assert again.returncode == 0, again.stderr[-3000:]
-    assert wait_no_vllm(30) == []
-    for p, t in mtimes.items():
+    assert left == []
+    for p, t in first["mtimes"].items():
         assert p.stat().st_mtime_ns == t, f"{p} was measured again"
     m = pd.read_parquet(res / "matrix.parquet")
-    assert len(m) == 3 and "error" not in set(m.status)
+    assert len(m) == 7 and "error" not in set(m.status)
     assert m.output_tokens.notna().all()
 
 
@@ -295,15 +314,13 @@ def test_killed_snakemake_leaves_nothing_running(one_server, tmp_path, no_vllm_b
     assert wait_no_vllm(60) == []
 
 
-def test_capacity_and_latency_cells(tmp_path, no_vllm_before):
-    d = one_server_experiment(tmp_path, "kinds", {
-        "capacity": {"contexts": [128], "concurrency": [1, 8], "requests": 16, "max_tokens": 32},
-        "latency": {"contexts": [128, 512], "requests": 2, "max_tokens": 16}})
-    proc = run_snakemake(tmp_path, experiment="kinds", experiments_dir=d)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert wait_no_vllm(30) == []
-    m = pd.read_parquet(tmp_path / "results/kinds/matrix.parquet").set_index("cell_id")
-    assert set(m.index) == {"capacity-ctx128-c1", "capacity-ctx128-c8", "latency-ctx128", "latency-ctx512"}
+def test_capacity_and_latency_cells(killed_and_rerun):
+    """The capacity and latency kinds, measured in the kill test's runs (before or after the kill)."""
+    res, _, again, left = killed_and_rerun
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert left == []
+    m = pd.read_parquet(res / "matrix.parquet").set_index("cell_id")
+    assert {"capacity-ctx128-c1", "capacity-ctx128-c8", "latency-ctx128", "latency-ctx512"} <= set(m.index)
     cap = m.loc[["capacity-ctx128-c1", "capacity-ctx128-c8"]]
     assert (cap.num_requests == 16).all() and (cap.completed_requests == 16).all()
     # every request ran to its cap (or its natural end) and the server counted the same tokens
@@ -312,4 +329,4 @@ def test_capacity_and_latency_cells(tmp_path, no_vllm_before):
     lat = m.loc[["latency-ctx128", "latency-ctx512"]]
     assert (lat.num_requests == 2).all() and (lat.ttft_ms > 0).all()
     assert (lat.avg_active_requests <= 1.0).all()
-    assert "Capacity" in (tmp_path / "results/kinds/report.md").read_text()
+    assert "Capacity" in (res / "report.md").read_text()

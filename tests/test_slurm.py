@@ -55,9 +55,11 @@ def run(cmd, timeout=1500):
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
-def job_ids(res: Path) -> dict[str, set[str]]:
+def job_ids(res: Path, where: str = "cells/*/*.json") -> dict[str, set[str]]:
+    """The SLURM job ids in each config's cell results (``where``: the cells, or the durable store, which
+    keeps a failed group's finished cells after Snakemake removed their outputs)."""
     out: dict[str, set[str]] = {}
-    for f in res.glob("cells/*/*.json"):
+    for f in res.glob(where):
         doc = json.loads(f.read_text())
         out.setdefault(doc["cell"]["server_id"], set()).add(doc["provenance"]["scheduler"].get("SLURM_JOB_ID"))
     return out
@@ -67,58 +69,40 @@ def starts(res: Path) -> dict[str, int]:
     return {f.parent.name: len(f.read_text().splitlines()) for f in res.glob("servers/*/starts.jsonl")}
 
 
-# two server configs (one with the MTP drafter) and two cell kinds: what the SLURM groups must get
-# right (one allocation and one server start per config) without the default run's 36 cells,
-# which the local end-to-end test already measures
-SMALL_SERVERS = [{"id": "base"}, {"id": "mtp2", "speculative": {"model": "tiny-gemma4-mtp",
-                                                               "num_speculative_tokens": 2}}]
-SMALL_WORKLOADS = {"latency": {"contexts": [128], "requests": 2, "max_tokens": 16},
-                   "decode": {"contexts": [128], "concurrency": [1, 4], "duration_s": 2, "max_tokens": 32}}
+# One workflow on SLURM, then its rerun, for both tests (each SLURM run costs minutes of submissions and
+# polls): two server configs (one with the MTP drafter); the base config's decode cells are long enough to
+# kill its server during one. The first run loses that cell; the rerun measures it alone. The local
+# end-to-end test measures the default's 38 cells; here SLURM's own part is checked: one allocation and one
+# server start per config and run, job ids in the results, a failed cell rerun alone.
+SERVERS = [
+    {"id": "base", "workloads": {**LIFECYCLE_WORKLOADS,
+                                 "latency": {"contexts": [128], "requests": 2, "max_tokens": 16}}},
+    {"id": "mtp2", "speculative": {"model": "tiny-gemma4-mtp", "num_speculative_tokens": 2},
+     "workloads": {"latency": {"contexts": [128], "requests": 2, "max_tokens": 16},
+                   "decode": {"contexts": [128], "concurrency": [1, 4], "duration_s": 2, "max_tokens": 32}}},
+]
 
 
 @pytest.fixture(scope="module")
-def slurm_run(slurm_up, tmp_path_factory):
-    work = tmp_path_factory.mktemp("slurm-small")
-    exp_dir = one_server_experiment(work, "small", SMALL_WORKLOADS, SMALL_SERVERS)
-    proc = run(slurm_cmd(work, "small", exp_dir))
-    return work, exp_dir, proc
-
-
-def test_two_configs_on_slurm(slurm_run):
-    work, exp_dir, proc = slurm_run
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+def slurm_runs(slurm_up, tmp_path_factory):
+    """The first run (base's server killed during its second measured cell), what it left, and the rerun."""
+    work = tmp_path_factory.mktemp("slurm")
+    exp_dir = one_server_experiment(work, "small", {}, SERVERS)
     res = work / "results" / "small"
-    exp = experiment.load("small", exp_dir)
-    m = pd.read_parquet(res / "matrix.parquet")
-    assert len(m) == len(exp.cells()) == 6
-    assert (res / "report.md").exists() and (res / "charts/heatmap.png").exists()
-    # one allocation per server config, a different one for each config
-    ids = job_ids(res)
-    assert set(ids) == {s.id for s in exp.servers} == {"base", "mtp2"}
-    assert all(len(v) == 1 and None not in v for v in ids.values()), ids
-    assert len({next(iter(v)) for v in ids.values()}) == len(ids)
-    assert starts(res) == {s.id: 1 for s in exp.servers}
-    assert m.slurm_job_id.notna().all()
-    assert wait_no_vllm(30) == []
-
-
-def test_failed_cell_is_rerun_alone_on_slurm(slurm_up, tmp_path):
-    exp_dir = one_server_experiment(tmp_path, "lifecycle", LIFECYCLE_WORKLOADS)
-    res = tmp_path / "results" / "lifecycle"
     # no retry: the failure must reach the end of this run (with the profile's retry the
     # resubmitted group restores the finished cells and measures the failed one at once)
-    proc = subprocess.Popen(slurm_cmd(tmp_path, "lifecycle", exp_dir, "--retries", "0"), cwd=REPO,
+    proc = subprocess.Popen(slurm_cmd(work, "small", exp_dir, "--retries", "0"), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     victim = None
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and victim is None:
             measured = {p.parent.name for p in res.glob("store/base/*/*.json")}
-            for log in res.glob("logs/cells/base/*.log"):
+            for log in res.glob("logs/cells/base/decode-*.log"):
                 if measured and log.stem not in measured and "decode:" in log.read_text():
                     victim = log.stem
             time.sleep(0.3)
-        assert victim, "no second cell started"
+        assert victim, "no second cell of base started"
         stored = {p: p.read_bytes() for p in res.glob("store/base/*/*")}
         broker = json.loads((res / "servers/base/broker.json").read_text())
         time.sleep(1.0)
@@ -127,24 +111,52 @@ def test_failed_cell_is_rerun_alone_on_slurm(slurm_up, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode != 0
-    assert wait_no_vllm(60) == []
-    first_jobs = job_ids(res)
-    # the durable store kept every finished measurement, byte for byte
-    for p, data in stored.items():
-        assert p.read_bytes() == data
-    assert not any(p.parent.name == victim for p in res.glob("store/base/*/*.json"))
+    first = {"returncode": proc.returncode, "out": out, "left": wait_no_vllm(60),
+             "jobs": {**job_ids(res, "store/*/*/*.json"), **job_ids(res)},
+             "starts": starts(res), "victim": victim, "stored": stored}
+    again = run(slurm_cmd(work, "small", exp_dir))
+    return work, exp_dir, first, again, wait_no_vllm(60)
 
-    again = run(slurm_cmd(tmp_path, "lifecycle", exp_dir))
+
+def test_two_configs_on_slurm(slurm_runs):
+    work, exp_dir, first, again, left = slurm_runs
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
-    assert wait_no_vllm(60) == []
+    assert left == []
+    res = work / "results" / "small"
+    exp = experiment.load("small", exp_dir)
     m = pd.read_parquet(res / "matrix.parquet")
-    assert len(m) == 3 and set(m.status) <= {"valid", "looped"}
+    assert len(m) == len(exp.cells()) == 7
+    assert (res / "report.md").exists() and (res / "charts/heatmap.png").exists()
+    # one allocation per server config, a different one for each config (the first run: mtp2 untouched
+    # since, base's finished cells restored from the store and kept byte for byte)
+    ids = first["jobs"]
+    assert set(ids) == {s.id for s in exp.servers} == {"base", "mtp2"}
+    assert all(len(v) == 1 and None not in v for v in ids.values()), ids
+    assert len({next(iter(v)) for v in ids.values()}) == len(ids)
+    assert job_ids(res)["mtp2"] == ids["mtp2"]
+    # one server start per config and allocation: mtp2 once; base once in each run's allocation
+    assert first["starts"]["mtp2"] == 1 and starts(res) == {"mtp2": 1, "base": first["starts"]["base"] + 1}
+    assert m.slurm_job_id.notna().all()
+
+
+def test_failed_cell_is_rerun_alone_on_slurm(slurm_runs):
+    work, exp_dir, first, again, left = slurm_runs
+    res = work / "results" / "small"
+    victim, stored = first["victim"], first["stored"]
+    assert first["returncode"] != 0
+    assert first["left"] == []
+    # the durable store kept every finished measurement, byte for byte
+    assert stored and not any(p.parent.name == victim for p in stored)
+
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert left == []
+    m = pd.read_parquet(res / "matrix.parquet")
+    assert set(m.status) <= {"valid", "looped"}
     # only the failed cell was measured again: the others are the stored bytes
     for p, data in stored.items():
         assert p.read_bytes() == data
     redone = json.loads((res / "cells/base" / f"{victim}.json").read_text())
-    assert redone["provenance"]["scheduler"]["SLURM_JOB_ID"] not in first_jobs.get("base", set())
+    assert redone["provenance"]["scheduler"]["SLURM_JOB_ID"] not in first["jobs"].get("base", set())
     # the rerun was one allocation; its cells that had been measured were restored, not measured
     rerun_logs = [p.read_text() for p in res.glob("logs/cells/base/*.log")]
     assert sum("restored from the durable store" in t for t in rerun_logs) == len(
