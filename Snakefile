@@ -60,8 +60,8 @@ onstart:
 
 
 onsuccess:
-    finish_run()
+    finish_run(True)
 
 
 onerror:
-    finish_run()
+    finish_run(False)

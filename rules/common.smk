@@ -94,36 +94,56 @@ def stop_servers():
         print(f"speedmatrix: stopped {stopped} server(s)")
 
 
-def measuring_jobs():
-    # every job of the run that checks or talks to a server: (name, output, log)
-    jobs = []
+def run_jobs():
+    # every job of the run, in DAG order: (name, its output, its log). The run summary says of each
+    # whether it is done, failed (with its log's cause) or not run: a failed model download, reference,
+    # aggregation or report counts as much as a failed cell.
+    R = RESULTS
+    jobs = [("pin_runtime", f"{R}/runtime.lock.json", f"{R}/logs/pin_runtime.log")]
+    jobs += [
+        (f"model {m}", model_manifest(m), f"{R}/logs/models/{m}.log")
+        for m in EXP.models
+    ]
+    jobs.append(("models_lock", f"{R}/models.lock", f"{R}/logs/models_lock.log"))
     for sid in P2P_SERVER_IDS:
         jobs.append(
             (
                 f"{sid} p2p_check",
-                Path(f"{RESULTS}/servers/{sid}/p2p.json"),
-                Path(f"{RESULTS}/logs/servers/{sid}.p2p.log"),
+                f"{R}/servers/{sid}/p2p.json",
+                f"{R}/logs/servers/{sid}.p2p.log",
+            )
+        )
+    for sid in SERVER_IDS:
+        jobs.append(
+            (
+                f"{sid} server_launch",
+                f"{R}/servers/{sid}/launch.json",
+                f"{R}/logs/servers/{sid}.launch.log",
             )
         )
     for c in CELLS:
         name = f"{c.server_id}/{c.id}"
+        jobs.append((name, f"{R}/cells/{name}.json", f"{R}/logs/cells/{name}.log"))
+    for c in CELLS:
+        name = f"{c.server_id}/{c.id}"
         jobs.append(
-            (
-                name,
-                Path(f"{RESULTS}/cells/{name}.json"),
-                Path(f"{RESULTS}/logs/cells/{name}.log"),
-            )
+            (f"loops {name}", f"{R}/loops/{name}.json", f"{R}/logs/loops/{name}.log")
         )
     for sid in SERVER_IDS:
         for gate in GATES:
             jobs.append(
                 (
                     f"{sid} gate {gate}",
-                    Path(f"{RESULTS}/gates/{sid}/{gate}.json"),
-                    Path(f"{RESULTS}/logs/gates/{sid}/{gate}.log"),
+                    f"{R}/gates/{sid}/{gate}.json",
+                    f"{R}/logs/gates/{sid}/{gate}.log",
                 )
             )
-    return jobs
+    for path in reference_files():
+        name = path[len(f"{R}/reference/") : -len(".json")]
+        jobs.append((f"reference {name}", path, f"{R}/logs/reference/{name}.log"))
+    jobs.append(("aggregate", f"{R}/matrix.parquet", f"{R}/logs/aggregate.log"))
+    jobs.append(("report", f"{R}/report.html", f"{R}/logs/report.log"))
+    return [(name, Path(out), Path(log)) for name, out, log in jobs]
 
 
 def preflight():
@@ -141,12 +161,18 @@ def preflight():
         )
 
 
-def finish_run():
-    # the end of every run: servers stopped, then what ran and why anything failed
+def finish_run(succeeded):
+    # the end of every run: servers stopped, then what ran and why anything failed, and where the report is
     stop_servers()
     if workflow.is_main_process:
-        summary = sm_summary.write(Path(RESULTS), measuring_jobs())
+        summary = sm_summary.write(Path(RESULTS), run_jobs())
         print(sm_summary.text(summary))
+        page = Path(RESULTS) / "report.html"
+        if succeeded and page.exists():
+            print(
+                f"speedmatrix: the report is {page} (one page, works offline: open it in a browser, "
+                f"e.g. xdg-open {page}); as text: {page.with_suffix('.md')}"
+            )
 
 
 def cell_files(suffix):

@@ -105,6 +105,40 @@ def one_server_experiment(tmp_path: Path, name: str, workloads: dict, servers: l
     return d
 
 
+def lighter(block, window_s: float = 1, max_tokens: int = 16):
+    """The same cells with less measuring in each: windows of at most ``window_s``, outputs of at most
+    ``max_tokens`` tokens, one repeat."""
+    if isinstance(block, list):
+        return [lighter(b, window_s, max_tokens) for b in block]
+    if not isinstance(block, dict):
+        return block
+    out = {k: lighter(v, window_s, max_tokens) for k, v in block.items()}
+    if "duration_s" in out:
+        out["duration_s"] = min(out["duration_s"], window_s)
+    if "max_tokens" in out and "contexts" in out:  # a workload block (not a quality gate)
+        out["max_tokens"] = min(out["max_tokens"], max_tokens)
+    if "repeats" in out:
+        out["repeats"] = 1
+    return out
+
+
+def lighter_copy(work: Path, name: str, **kw) -> Path:
+    """``<work>/experiments/<name>.yaml``: experiment ``name`` with every server config, sweep point and cell,
+    each measuring less (``lighter``). For tests that check what a run produces, not how a cell measures
+    (the default run's test checks that). Returns the experiments dir."""
+    import yaml
+
+    data = yaml.safe_load((REPO / "config" / "experiments" / f"{name}.yaml").read_text())
+    for key in ("workloads", "servers", "sweeps"):
+        if key in data:
+            data[key] = lighter(data[key], **kw)
+    d = work / "experiments"
+    d.mkdir(exist_ok=True)
+    # in the order written: a sweep names its configs in the order of its `vary` keys
+    (d / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return d
+
+
 @pytest.fixture(scope="session")
 def no_vllm_before():
     left = vllm_processes()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -24,6 +25,7 @@ import requests
 from conftest import (
     LIFECYCLE_WORKLOADS,
     REPO,
+    lighter_copy,
     one_server_experiment,
     run_snakemake,
     running_decode_cell,
@@ -84,20 +86,53 @@ def wait_no_containers(experiment_name: str, timeout_s: float = 60, engine: str 
 # --------------------------------------------------------------------------- the whole DAG in containers
 
 
+def kill_container_vllm(container: str) -> None:
+    """SIGKILL the API server of a container: the child of its init (docker run --init)."""
+    init = subprocess.run(["docker", "inspect", "--format", "{{.State.Pid}}", container],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    children = Path(f"/proc/{init}/task/{init}/children").read_text().split()
+    assert children, "the container's init has no child"
+    os.kill(int(children[0]), signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
 def docker_run(tmp_path_factory):
+    """tiny-cpu-docker end to end, in two runs: the first loses the second config's (mtp2's) vLLM during one
+    of its cells (killed in its container), the rerun measures that cell alone. Both tests below read it:
+    one workflow for the whole DAG in containers and for a server's death in one."""
     work = tmp_path_factory.mktemp("tiny-cpu-docker")
-    proc = run_snakemake(work, experiment="tiny-cpu-docker")
-    return work, proc, wait_no_vllm(30), wait_no_containers("tiny-cpu-docker")
+    # every cell of the experiment, measuring less (one repeat, decode windows of 3 s: long enough to kill the
+    # server during one); how a cell measures is the local default run's test
+    exp_dir = lighter_copy(work, "tiny-cpu-docker", window_s=3, max_tokens=32)
+    res = work / "results" / "tiny-cpu-docker"
+    proc = subprocess.Popen(snakemake_cmd(work, experiment="tiny-cpu-docker", experiments_dir=exp_dir), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        victim = wait_for(lambda: running_decode_cell(res, 1, "mtp2"), 900, "a second mtp2 cell to measure")
+        finished = {p: p.read_bytes() for p in res.glob("cells/mtp2/*")}
+        time.sleep(1.0)
+        kill_container_vllm("speedmatrix-tiny-cpu-docker-mtp2")
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    first = {"returncode": proc.returncode, "out": out, "victim": victim, "finished": finished,
+             "left": wait_no_vllm(30), "left_containers": wait_no_containers("tiny-cpu-docker"),
+             "victim_done": (res / "cells/mtp2" / f"{victim}.json").exists(),
+             "victim_log": (res / "logs/cells/mtp2" / f"{victim}.log").read_text(),
+             "mtimes": {p: p.stat().st_mtime_ns for p in finished}}
+    again = run_snakemake(work, experiment="tiny-cpu-docker", experiments_dir=exp_dir)
+    return res, first, again, wait_no_vllm(30), wait_no_containers("tiny-cpu-docker")
 
 
 def test_tiny_cpu_docker_runs_every_cell_in_containers(docker_run):
-    work, proc, left, left_containers = docker_run
+    res, _, proc, left, left_containers = docker_run
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert left == [] and left_containers == []
-    res = work / "results" / "tiny-cpu-docker"
     exp = experiment.load("tiny-cpu-docker")
-    # the same cells as the embedded default, run by the docker runtime
+    # the same cells as the embedded default, run by the docker runtime (the run's lighter copy has them too)
+    assert [c.id for c in experiment.load("tiny-cpu-docker", res.parents[1] / "experiments").cells()] == [
+        c.id for c in exp.cells()]
     assert [c.id for c in exp.cells()] == [c.id for c in experiment.load("tiny-cpu").cells()]
     lock = json.loads((res / "runtime.lock.json").read_text())
     assert lock["runtime"] == "docker" and lock["engine"] == "docker" and lock["engine_version"]
@@ -113,9 +148,12 @@ def test_tiny_cpu_docker_runs_every_cell_in_containers(docker_run):
         assert lock["image_ref"] in st["argv"] and IMAGE not in st["argv"]
         assert st["vllm_version"] == "0.32.0" and st["kv_cache_size_tokens"] > 0
         log = (d / "server.log").read_text()
-        # the container's own output is the server's log, ended by a clean stop
-        assert "Application startup complete" in log and "==== speedmatrix: stopped" in log
-        assert len((d / "starts.jsonl").read_text().splitlines()) == 1
+        # the container's own output is the server's log, its last start ended by a clean stop
+        started = re.findall(r"^==== speedmatrix: start (\w+)", log, re.M)
+        stopped = re.findall(r"^==== speedmatrix: stopped (\w+): signal SIGTERM", log, re.M)
+        assert "Application startup complete" in log and stopped and stopped[-1] == started[-1], log[-2000:]
+    # one start for the config nobody killed (mtp2's vLLM was killed: test_vllm_killed_in_its_container_mid_cell)
+    assert len((res / "servers/base/starts.jsonl").read_text().splitlines()) == 1
     for cell in exp.cells():
         cj = json.loads((res / "cells" / cell.server_id / f"{cell.id}.json").read_text())
         assert cj["provenance"]["runtime_ref"] == lock["runtime_ref"]
@@ -131,50 +169,32 @@ def test_tiny_cpu_docker_runs_every_cell_in_containers(docker_run):
     assert (m[m.workload == "prefill"].prompt_tok_s > 0).all()
 
 
+def test_vllm_killed_in_its_container_mid_cell(docker_run):
+    """The container's vLLM dies during a cell (in tiny-cpu-docker's run above): finished cells are kept byte
+    for byte, the container is removed, nothing is left running, and the next run measures the killed cell
+    and leaves the others as they were."""
+    res, first, again, left, left_containers = docker_run
+    assert first["returncode"] != 0
+    assert first["left"] == [] and first["left_containers"] == []
+    for p, data in first["finished"].items():
+        assert p.read_bytes() == data, p
+    assert not first["victim_done"]
+    assert "died" in first["victim_log"] or "failed" in first["out"]
+    assert "vLLM API server exited with code 137" in (res / "servers/mtp2/server.log").read_text()
+
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert left == [] and left_containers == []
+    for p, t in first["mtimes"].items():
+        assert p.stat().st_mtime_ns == t, f"{p} was measured again"
+    assert (res / "cells/mtp2" / f"{first['victim']}.json").exists()
+
+
 # --------------------------------------------------------------------------- faults
 
 
 @pytest.fixture
 def lifecycle(tmp_path):
     return one_server_experiment(tmp_path, "dlife", LIFECYCLE_WORKLOADS, base="tiny-cpu-docker")
-
-
-def test_vllm_killed_in_its_container_mid_cell(lifecycle, tmp_path):
-    """The container's vLLM dies during a cell: finished cells are kept byte for byte, the container is
-    removed, nothing is left running, and the next run measures the killed cell only."""
-    res = tmp_path / "results" / "dlife"
-    proc = subprocess.Popen(snakemake_cmd(tmp_path, experiment="dlife", experiments_dir=lifecycle),
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        victim = wait_for(lambda: running_decode_cell(res, 1), 400, "a second cell to start measuring")
-        finished = {p: p.read_bytes() for p in res.glob("cells/base/*")}
-        time.sleep(1.0)
-        # the API server is the child of the container's init (docker run --init)
-        init = subprocess.run(["docker", "inspect", "--format", "{{.State.Pid}}", "speedmatrix-dlife-base"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        children = Path(f"/proc/{init}/task/{init}/children").read_text().split()
-        assert children, "the container's init has no child"
-        os.kill(int(children[0]), signal.SIGKILL)
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0
-    assert wait_no_vllm(30) == [] and wait_no_containers("dlife") == []
-    for p, data in finished.items():
-        assert p.read_bytes() == data, p
-    assert not (res / "cells/base" / f"{victim}.json").exists()
-    assert "died" in (res / "logs/cells/base" / f"{victim}.log").read_text() or "failed" in out
-    assert "vLLM API server exited with code 137" in (res / "servers/base/server.log").read_text()
-    mtimes = {p: p.stat().st_mtime_ns for p in finished}
-
-    again = run_snakemake(tmp_path, experiment="dlife", experiments_dir=lifecycle)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert wait_no_vllm(30) == [] and wait_no_containers("dlife") == []
-    for p, t in mtimes.items():
-        assert p.stat().st_mtime_ns == t, f"{p} was measured again"
-    m = pd.read_parquet(res / "matrix.parquet")
-    assert len(m) == 3 and "error" not in set(m.status) and m.output_tokens.notna().all()
 
 
 def test_ctrl_c_mid_cell_removes_the_container(lifecycle, tmp_path):

@@ -91,8 +91,10 @@ def test_an_unknown_vllm_flag_fails_once_per_config_with_vllms_words(tmp_path):
     assert proc.returncode != 0
     assert wait_no_vllm(30) == []
     s = json.loads(Path(tmp_path / "results/bogus/run-summary.json").read_text())
-    # the two cells fail on the one cause; the only job done is the P2P check (not applicable on the CPU)
-    assert s["failed"] == 2 and s["done"] == 1 and len(s["causes"]) == 1
+    # every job of the run is counted: done before the server (pin, two models, models.lock, the launch spec),
+    # the two cells failed on the one cause, their loop verdicts, the aggregation and the report not run
+    assert (s["jobs"], s["done"], s["failed"], s["not_run"]) == (11, 5, 2, 4) and len(s["causes"]) == 1
+    assert sorted(s["not_run_jobs"])[:2] == ["aggregate", "loops base/decode-ctx128-c1"]
     assert "server base failed to start" in s["causes"][0]["cause"]
     assert "unrecognized arguments: --bogus-flag" in s["causes"][0]["cause"]
     # vLLM's words reach the user without a Python traceback of ours

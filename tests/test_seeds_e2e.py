@@ -2,7 +2,7 @@
 
 One workflow run per variant (module-scoped); the assertions read its results. Each runs a lighter copy of
 its twin: every server config, sweep point and cell of the twin, with shorter windows and output caps
-(``lighter``). What these tests check is the seed's shape (its sweeps, tables, gates, comparison); how a
+(``conftest.lighter_copy``). What these tests check is the seed's shape (its sweeps, tables, gates, comparison); how a
 cell measures is what tests/test_engine_e2e.py checks on the default run.
 """
 
@@ -15,9 +15,8 @@ import sys
 
 import pandas as pd
 import pytest
-import yaml
 
-from conftest import REPO, run_snakemake, wait_no_vllm
+from conftest import REPO, lighter_copy, run_snakemake, wait_no_vllm
 from speedmatrix import experiment
 
 pytestmark = pytest.mark.engine
@@ -25,34 +24,13 @@ pytestmark = pytest.mark.engine
 API_KEY = "sk-speedmatrix-test-4f1d2c9b8a7e"
 
 
-def lighter(block):
-    """The same cells with less measuring in each: windows of 1 s, outputs of at most 16 tokens, one repeat."""
-    if isinstance(block, list):
-        return [lighter(b) for b in block]
-    if not isinstance(block, dict):
-        return block
-    out = {k: lighter(v) for k, v in block.items()}
-    if "duration_s" in out:
-        out["duration_s"] = min(out["duration_s"], 1)
-    if "max_tokens" in out and "contexts" in out:  # a workload block (not a quality gate)
-        out["max_tokens"] = min(out["max_tokens"], 16)
-    if "repeats" in out:
-        out["repeats"] = 1
-    return out
-
-
 def run_tiny(tmp_path_factory, name, env=None):
     work = tmp_path_factory.mktemp(name)
-    data = yaml.safe_load((REPO / "config" / "experiments" / f"{name}.yaml").read_text())
-    for key in ("workloads", "servers", "sweeps"):
-        if key in data:
-            data[key] = lighter(data[key])
-    (work / "experiments").mkdir()
-    (work / "experiments" / f"{name}.yaml").write_text(yaml.safe_dump(data))
+    exp_dir = lighter_copy(work, name)
     old = dict(os.environ)
     os.environ.update(env or {})
     try:
-        proc = run_snakemake(work, experiment=name, experiments_dir=work / "experiments")
+        proc = run_snakemake(work, experiment=name, experiments_dir=exp_dir)
     finally:
         os.environ.clear()
         os.environ.update(old)

@@ -369,7 +369,10 @@ def run_broker(a: BrokerArgs) -> int:
             with contextlib.suppress(FileNotFoundError):
                 (state / name).unlink()
         with open(log_path, "ab") as log:
-            log.write(f"==== speedmatrix: stopped {start_id}: {stop['reason'] or 'start-up failed'}\n".encode())
+            # on a line of its own, also when the server's last output did not end its line
+            ended = log.tell() == 0 or log_path.read_bytes()[-1:] == b"\n"
+            log.write(("" if ended else "\n").encode()
+                      + f"==== speedmatrix: stopped {start_id}: {stop['reason'] or 'start-up failed'}\n".encode())
 
 
 DOCKER_OWN_ERROR = 125
