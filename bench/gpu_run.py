@@ -266,32 +266,32 @@ def collect(ns: argparse.Namespace) -> int:
 
 
 def rederive(ns: argparse.Namespace) -> int:
-    import pandas as pd
-
+    """`speedmatrix rederive` on a returned tarball, its matrix, decisions and report into docs/results/<experiment>/
+    (names with --suffix: a second policy beside the first)."""
     sys.path.insert(0, str(REPO / "src"))
-    from speedmatrix import aggregate, atomic, experiment, loopcheck
+    from speedmatrix.rederive import rederive as rederive_run
 
     work = Path(subprocess.run(["mktemp", "-d"], capture_output=True, text=True, check=True).stdout.strip())
     with tarfile.open(ns.tarball) as tar:
         tar.extractall(work, filter="data")
-    res = work / ns.experiment
-    exp = experiment.load(ns.experiment, REPO / "config" / "experiments")
-    settings = {**exp.loops, "policy": ns.policy}
-    cells, loops, reqs = [], [], []
-    for cell_json in sorted(res.glob("cells/*/*.json")):
-        cell = atomic.read_json(cell_json)
-        req = cell_json.with_name(cell_json.stem + ".requests.parquet")
-        verdict = loopcheck.judge_cell(cell, pd.read_parquet(req), settings)
-        out = res / "loops" / cell_json.parent.name / cell_json.name
-        atomic.write_json(out, verdict)
-        cells.append(cell_json), loops.append(out), reqs.append(req)
+    out = work / "out"
+    rederive_run(work / ns.experiment, ns.experiment, REPO / "config" / "experiments", out, ns.policy,
+                 REPO / "docs" / "captions")
     dest = REPO / "docs" / "results" / ns.experiment
-    matrix = dest / f"matrix{ns.suffix}.parquet"
-    decisions = dest / f"decisions{ns.suffix}.parquet"
-    aggregate.build(cells, loops, reqs, matrix, work / "requests.parquet", decisions, targets=exp.targets,
-                    gpus={s.id: s.gpus for s in exp.servers})
-    md = write_report(ns.experiment, res, dest, ns.suffix, matrix, work / "requests.parquet", decisions, settings)
-    print(f"wrote {matrix.relative_to(REPO)} and {md.relative_to(REPO)}")
+    (dest / "charts").mkdir(parents=True, exist_ok=True)
+    for name in ("matrix.parquet", "decisions.parquet"):
+        stem, ext = name.split(".", 1)
+        shutil.copyfile(out / name, dest / f"{stem}{ns.suffix}.{ext}")
+    pngs = sorted((out / "charts").glob("*.png"))
+    for png in pngs:
+        shutil.copyfile(png, dest / "charts" / f"{png.stem}{ns.suffix}.png")
+    for name in ("report.md", "report.html"):  # their chart links name the suffixed files
+        text = (out / name).read_text()
+        for png in pngs:
+            text = text.replace(f"charts/{png.name}", f"charts/{png.stem}{ns.suffix}.png")
+        stem, ext = name.split(".", 1)
+        (dest / f"{stem}{ns.suffix}.{ext}").write_text(text)
+    print(f"wrote {dest.relative_to(REPO)}/matrix{ns.suffix}.parquet and report{ns.suffix}.md")
     return 0
 
 

@@ -157,3 +157,15 @@ def test_a_wheel_ships_the_schemas(tmp_path):
             "speedmatrix/workloads/decode.py", "speedmatrix/report/table.py"} <= names
     # the checkout's config/schemas is the package's own (a link), not a second copy
     assert (REPO / "config" / "schemas").resolve() == (PACKAGE / "data" / "schemas").resolve()
+
+
+def test_the_conda_environment_takes_its_pins_from_the_lock():
+    """envs/speedmatrix.yaml pins nothing itself: the package and its extra under requirements.lock, the one
+    place the versions are written (a hand copy of the pins fell behind once)."""
+    import yaml
+
+    env = yaml.safe_load((REPO / "envs" / "speedmatrix.yaml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    assert "-c ../requirements.lock" in pip and "-e ..[cpu]" in pip
+    assert not [line for line in pip if "==" in line], pip
+    assert (REPO / "envs" / "../requirements.lock").exists()

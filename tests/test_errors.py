@@ -102,3 +102,34 @@ def test_an_unknown_vllm_flag_fails_once_per_config_with_vllms_words(tmp_path):
     assert "src/speedmatrix/" not in out  # no traceback through our code
     logs = list((tmp_path / "results/bogus/logs/cells/base").glob("*.log"))
     assert len(logs) == 2 and all("Traceback" not in p.read_text() for p in logs)
+
+
+def test_a_model_missing_offline_fails_in_the_summary_with_one_error_line(tmp_path):
+    """A job other than a cell fails (a Hub model not in the cache, downloads off): the run summary counts it as
+    failed with its cause, the rest as not run (never "0 failed"), and the model's log ends in one ERROR: line,
+    without a traceback. No server starts."""
+    exp_dir = one_server_experiment(tmp_path, "offline", {
+        "latency": {"contexts": [128], "requests": 1, "max_tokens": 4}})
+    path = exp_dir / "offline.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["models"]["tiny-gemma4"] = {"repo": "speedmatrix-test/not-cached", "revision": "main"}
+    path.write_text(yaml.safe_dump(data))
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-empty")}
+    old = dict(os.environ)
+    os.environ.update(env)
+    try:
+        proc = run_snakemake(tmp_path, experiment="offline", experiments_dir=exp_dir, timeout=600)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    res = tmp_path / "results/offline"
+    s = json.loads((res / "run-summary.json").read_text())
+    assert s["failed"] == 1 and s["causes"][0]["jobs"] == ["model tiny-gemma4"], s
+    assert "not in the Hugging Face cache" in s["causes"][0]["cause"]
+    assert s["done"] + s["failed"] + s["not_run"] == s["jobs"] and "base/latency-ctx128" in s["not_run_jobs"]
+    assert "1 failed" in out and "0 failed" not in out
+    log = (res / "logs/models/tiny-gemma4.log").read_text()
+    assert "Traceback" not in log and log.count("ERROR: ") == 1
+    assert not (res / "servers/base/startup.json").exists()

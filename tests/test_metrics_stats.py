@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,31 @@ def test_a_stream_delivered_in_bursts_is_named_batched():
     assert burst["delivery"] == "batched" and burst["delivery_burst_share"] == pytest.approx(18 / 19)
     steady = stats.delivery([rec(0, 0.0, [0.1 + 0.01 * k for k in range(20)])])
     assert steady == {"delivery": "streamed", "delivery_burst_share": 0.0}
+
+
+def test_a_median_gap_inside_a_burst_is_no_time_between_tokens():
+    """Tokens two at a time (each pair 0.1 ms apart, 10 ms between pairs): 10 of 19 gaps are inside a burst,
+    so the median gap (0.1 ms) says nothing about generation: `bursts`, and the report prints n/m for the time
+    between tokens but keeps the TTFT."""
+    times = [0.1 + 0.01 * (k // 2) + 0.0001 * (k % 2) for k in range(20)]
+    out = stats.delivery([rec(0, 0.0, times)])
+    assert out == {"delivery": "bursts", "delivery_burst_share": pytest.approx(10 / 19)}
+    assert statistics.median([b - a for a, b in zip(times, times[1:])]) < stats.BURST_GAP_S
+
+    from types import SimpleNamespace
+
+    from speedmatrix.report import sections
+
+    row = SimpleNamespace(delivery="bursts", ttft_ms=12.5, itl_ms=0.0)
+    assert sections.latency(row, "itl_ms") == "n/m" and sections.latency(row, "ttft_ms") == "12.5 ms"
+    row.delivery = "streamed"
+    assert sections.latency(row, "itl_ms") == "0.0 ms"  # a real figure when the stream streamed
+
+
+def test_no_zero_is_printed_as_a_time():
+    from speedmatrix.report import fmt
+
+    # an interval whose low end Student's t clipped at zero (two repeats far apart) is "up to" its high end
+    assert fmt.interval(0.0, 317.0, fmt.ms) == "up to 317 ms" and fmt.interval(18.3, 53.9, fmt.ms) == "18.3 ms–53.9 ms"
+    # a time per token of zero is tokens that came together, not a time
+    assert fmt.time_ms(0.0) == "n/m" and fmt.time_ms(2.6) == "2.6 ms" and fmt.time_ms(None) == "—"

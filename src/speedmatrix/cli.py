@@ -124,6 +124,18 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rederive(ns: argparse.Namespace) -> int:
+    from .rederive import rederive
+
+    try:
+        written = rederive(ns.results, ns.experiment, ns.experiments_dir, ns.out, ns.policy, ns.captions)
+    except SpeedmatrixError as exc:
+        print(f"speedmatrix rederive: {exc}", file=sys.stderr)
+        return 2
+    print("wrote " + ", ".join(str(p) for p in written.values()))
+    return 0
+
+
 def cmd_pareto(ns: argparse.Namespace) -> int:
     from . import compare
 
@@ -288,8 +300,24 @@ def build_parser() -> argparse.ArgumentParser:
                     "on both), named by run, server config and cell.")
     pa.add_argument("runs", nargs="+", metavar="RUN", help="a results directory (results/<experiment>) or its "
                     "matrix.parquet")
-    pa.add_argument("--out", help="also write pareto.md, pareto-report.html and the chart (pareto.html/.png) here")
+    pa.add_argument("--out", help="also write pareto.md, pareto-report.html (the page, with the chart) and "
+                    "pareto.png here")
     pa.set_defaults(func=cmd_pareto)
+
+    rd = sub.add_parser(
+        "rederive", help="a run's loop verdicts, matrix, decisions and report again from its cell files",
+        description="For a results folder copied back from another machine, or to judge a run under another loop "
+                    "policy: the loop stage, the aggregation and the report rule's code over "
+                    "RESULTS/cells/<server>/<cell>.json and their .requests.parquet, with the run's locks, launch "
+                    "specs, gates and reference files. No measurement is repeated.")
+    rd.add_argument("results", metavar="RESULTS", help="the run's folder (results/<experiment>)")
+    rd.add_argument("--experiment", help="the experiment's name (default: the folder's name)")
+    rd.add_argument("--experiments-dir", default="config/experiments")
+    rd.add_argument("--policy", choices=["any", "fraction", "flag_only"],
+                    help="judge loops under this policy instead of the experiment's")
+    rd.add_argument("--out", help="write loops/, the parquet files, the report and charts here (default: RESULTS)")
+    rd.add_argument("--captions", help="the charts' captions folder (docs/captions in a checkout)")
+    rd.set_defaults(func=cmd_rederive)
 
     ls = sub.add_parser("experiments", help="list the experiments in config/experiments")
     ls.add_argument("--experiments-dir", default="config/experiments")
@@ -313,9 +341,12 @@ def main(argv: list[str] | None = None) -> int:
     except SpeedmatrixError as err:
         print(f"speedmatrix: {err}", file=sys.stderr)
         return 2
-    except (aiohttp.ClientError, OSError) as err:
+    except (aiohttp.ClientError, ConnectionError, TimeoutError) as err:
         print(f"speedmatrix: the server did not answer as expected ({type(err).__name__}: {err}); check --url "
               "and that the server is up", file=sys.stderr)
+        return 1
+    except OSError as err:  # a file: missing, unreadable, not writable
+        print(f"speedmatrix: {err}", file=sys.stderr)
         return 1
 
 

@@ -174,7 +174,7 @@ def run_name(run: str | Path) -> str:
 
 def pareto(runs: list[str], out_dir: str | None = None) -> str:
     """The Pareto frontier over the cells of several runs (tok/s per user against tok/s per GPU); markdown,
-    and with ``out_dir`` pareto.md, pareto-report.html and the chart (pareto.html / pareto.png)."""
+    and with ``out_dir`` pareto.md, pareto-report.html (the page, with the chart) and pareto.png."""
     names = [run_name(r) for r in runs]
     if len(set(names)) != len(names):
         names = [str(r) for r in runs]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import atomic, corpus
+from .errors import SpeedmatrixError
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
 PAD_ID, EOS_ID, BOS_ID = 0, 1, 2
@@ -242,7 +243,7 @@ def eos_text(model_dir: str | Path) -> str | None:
 # models from the Hugging Face Hub, pinned to a commit
 
 
-class ModelError(RuntimeError):
+class ModelError(SpeedmatrixError, RuntimeError):
     """A model could not be had; the message says which and what to do (and never holds a token)."""
 
 

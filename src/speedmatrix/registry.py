@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import requests
 
+from .errors import SpeedmatrixError
+
 DOCKER_HUB = "https://registry-1.docker.io"
 # what a multi-architecture image or a single manifest may be served as; the digest of the
 # answer is what `docker pull name@digest` asks for
@@ -26,7 +28,7 @@ ACCEPT = ", ".join([
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
-class RegistryError(RuntimeError):
+class RegistryError(SpeedmatrixError, RuntimeError):
     pass
 
 

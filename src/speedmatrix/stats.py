@@ -79,10 +79,19 @@ BURST_GAP_S = 0.001
 # once; speculative decoding sends the tokens of a step together), well below the ~1.0 of whole
 # responses arriving at once.
 BATCHED_SHARE = 0.8
+# At this share the median gap between events is a gap inside a burst (the median of the gaps is below
+# BURST_GAP_S exactly when at least half of them are): below what the client resolves, so the median time
+# between tokens is no figure (the report prints n/m) while the first event still marks the first token.
+# Not a tuned line: it follows from what a median is.
+MEDIAN_IN_BURST_SHARE = 0.5
 
 
 def delivery_kind(share: float | None) -> str | None:
-    return None if share is None else "batched" if share >= BATCHED_SHARE else "streamed"
+    """``batched`` (whole bursts: TTFT and time between tokens describe the delivery), ``bursts`` (the median
+    gap between events lies inside a burst: no median time between tokens) or ``streamed``."""
+    if share is None:
+        return None
+    return "batched" if share >= BATCHED_SHARE else "bursts" if share >= MEDIAN_IN_BURST_SHARE else "streamed"
 
 
 def delivery(records: Iterable[RequestRecord]) -> dict[str, Any]:

@@ -35,17 +35,20 @@ def table() -> dict[str, Peer]:
     return {p.name: p for p in (VllmBenchServe(), AIPerf(), GuideLLM())}
 
 
-REPO = Path(__file__).resolve().parents[3]
+def peers_dir() -> Path:
+    """Where `make peers` puts the clients' venvs: ``SPEEDMATRIX_PEERS_DIR``, else ``.peers`` in the current
+    directory (the workflow runs from its own directory, where the Makefile builds them)."""
+    return Path(os.environ.get("SPEEDMATRIX_PEERS_DIR") or ".peers")
 
 
 def python_for(name: str, settings: dict[str, Any]) -> list[str]:
     """The command that runs a peer's Python: `reference.python.<name>` of the experiment (an argv list or one
-    path), else the venv `make peers` builds (.peers/<name>/bin/python), else this Python (the client installed
-    beside the workflow, as on the GPU machine)."""
+    path), else the venv `make peers` builds (<peers_dir>/<name>/bin/python), else this Python (the client
+    installed beside the workflow)."""
     given = (settings.get("python") or {}).get(name)
     if given:
         return [given] if isinstance(given, str) else list(given)
-    venv = REPO / ".peers" / name / "bin" / "python"
+    venv = (peers_dir() / name / "bin" / "python").absolute()
     if venv.exists():
         return [str(venv)]
     return [sys.executable]

@@ -41,6 +41,8 @@ def server_section(sid: str, m: pd.DataFrame) -> list[Block]:
             sections.full_table(m)]
     if "delivery" in m and (m["delivery"] == "batched").any():
         out.append(Para(sections.BATCHED_NOTE))
+    if "delivery" in m and (m["delivery"] == "bursts").any():
+        out.append(Para(sections.BURSTS_NOTE))
     return out
 
 

@@ -20,9 +20,12 @@ def missing_list(values: Any) -> bool:
 
 
 def interval(low: Any, high: Any, show=None) -> str:
-    """A 95 % interval: 394.2–430.4 (— when there is none)."""
+    """A 95 % interval: 394.2–430.4 (— when there is none). One whose low end was clipped at zero (two repeats
+    far apart: Student's t reaches below it) is "up to" its high end: a zero there is no figure."""
     show = show or num
-    return "—" if missing(low) or missing(high) else f"{show(low)}–{show(high)}"
+    if missing(low) or missing(high):
+        return "—"
+    return f"up to {show(high)}" if float(low) <= 0 else f"{show(low)}–{show(high)}"
 
 
 def status(s: Any) -> str:
@@ -37,6 +40,12 @@ def num(v: Any) -> str:
     if abs(v) >= 10_000:
         return f"{v / 1000:.1f}K"
     return f"{v:,.1f}"
+
+
+def time_ms(v: Any) -> str:
+    """A time per token: n/m where it is zero at this resolution (the tokens came together, in one read: no
+    time of generation can be zero), else as ``ms``."""
+    return "—" if missing(v) else "n/m" if float(v) < 0.05 else ms(v)
 
 
 def ms(v: Any) -> str:

@@ -40,8 +40,20 @@ BATCHED_NOTE = ("n/m: not measurable. The server delivered this cell's streams i
                 "time between tokens describe the delivery, not the generation (docs/fidelity.md, section 5).")
 
 
+BURSTS_NOTE = ("n/m in the time between tokens: at least half of this cell's events came within 1 ms of the one "
+               "before (`delivery` bursts, the share in `delivery_burst_share` of matrix.parquet), so its median gap "
+               "between events is a gap inside a burst, below what the client resolves, not a time between "
+               "tokens. Its TTFT is shown: the first event still marks the first token (docs/fidelity.md, "
+               "section 5).")
+
+
 def batched(r: Any) -> bool:
     return getattr(r, "delivery", None) == "batched"
+
+
+def itl_unresolved(r: Any) -> bool:
+    """The median gap between the cell's events lies inside a burst (``bursts`` or ``batched``)."""
+    return getattr(r, "delivery", None) in ("bursts", "batched")
 
 
 def with_interval(r: Any, column: str, show) -> str:
@@ -52,8 +64,11 @@ def with_interval(r: Any, column: str, show) -> str:
 
 
 def latency(r: Any, column: str) -> str:
-    """TTFT or time between tokens: n/m where the streams came in bursts, else the figure (and interval)."""
-    return "n/m" if batched(r) else with_interval(r, column, fmt.ms)
+    """TTFT or time between tokens: n/m where the streams came in bursts (for the time between tokens: where
+    its median gap lies inside one), else the figure (and interval)."""
+    if batched(r) or (column == "itl_ms" and itl_unresolved(r)):
+        return "n/m"
+    return with_interval(r, column, fmt.ms)
 
 
 def full_table(m: pd.DataFrame) -> Table:
@@ -260,7 +275,7 @@ def roofline_table(m: pd.DataFrame) -> Table | None:
     t = Table(["Context", "Repeats", "Measured time between tokens", "Bound (weights / peak bandwidth)",
                "Weights on a GPU", "Peak bandwidth", "Of the roofline"])
     for r in d.sort_values(["context_tokens"]).itertuples():
-        t.add(fmt.ctx(int(r.context_tokens)), fmt.integer(r.repeats), fmt.ms(r.itl_ms),
+        t.add(fmt.ctx(int(r.context_tokens)), fmt.integer(r.repeats), latency(r, "itl_ms"),
               f"{float(r.roofline_bound_ms):.2f} ms", f"{float(r.model_weights_gib):.1f} GiB",
               f"{float(r.roofline_peak_bw_tb_s):g} TB/s",
               f"{float(r.roofline_pct):.1f} %")

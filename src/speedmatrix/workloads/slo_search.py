@@ -219,6 +219,6 @@ class SloSearch(Workload):
             for s in json.loads(r.slo_search_steps) if isinstance(r.slo_search_steps, str) else []:
                 t.add(fmt.ctx(int(r.context_tokens)), r.slo, s["step"], s["concurrency"], s["requests"],
                       fmt.pct(s["attainment"]) if s["attainment"] is not None else "—", fmt.ms(s["p_ttft_ms"]),
-                      fmt.ms(s["p_tpot_ms"]), fmt.num(s["output_tok_s"]),
+                      fmt.time_ms(s["p_tpot_ms"]), fmt.num(s["output_tok_s"]),
                       ("yes" if s["holds"] else "no") + (" (measured twice)" if s["rechecked"] else ""))
         return t
