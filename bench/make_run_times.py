@@ -9,8 +9,8 @@ and its engine, without the test tools), `make run` (the default
 experiment) and a second `make run` that has nothing to do, counts the server
 starts, and splits the first run's wall time with bench/overhead.py.
 
-With ``--cold`` pip's package cache and vLLM's cache are empty folders of the
-scratch directory (``PIP_CACHE_DIR``, ``VLLM_CACHE_ROOT``): every package is
+With ``--cold`` pip's and uv's package caches and vLLM's cache are empty folders of
+the scratch directory (``PIP_CACHE_DIR``, ``UV_CACHE_DIR``, ``VLLM_CACHE_ROOT``): every package is
 downloaded again (what pip's configuration finds on local disk, e.g. a wheel
 folder named by ``find-links``, is still found there). Without it, whatever
 the machine's caches hold is used (a warm cache after any earlier install).
@@ -55,10 +55,11 @@ def main() -> int:
                                              text=True).stdout.strip(),
                     "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                     "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    "package_cache": "cold (empty PIP_CACHE_DIR, VLLM_CACHE_ROOT)" if ns.cold else "warm"}
+                    "package_cache": "cold (empty PIP_CACHE_DIR, UV_CACHE_DIR, VLLM_CACHE_ROOT)" if ns.cold else "warm"}
     env = dict(os.environ)
     if ns.cold:
-        env.update(PIP_CACHE_DIR=str(scratch / "pip-cache"), VLLM_CACHE_ROOT=str(scratch / "vllm-cache"))
+        env.update(PIP_CACHE_DIR=str(scratch / "pip-cache"), UV_CACHE_DIR=str(scratch / "uv-cache"),
+                   VLLM_CACHE_ROOT=str(scratch / "vllm-cache"))
     tails = {}
     # the install `make run` does (the package and its engine; `make test` adds the test tools)
     for step, cmd in (("install_s", ["make", ".venv/.speedmatrix-installed"]), ("first_run_s", ["make", "run"]),
