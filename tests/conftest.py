@@ -83,26 +83,37 @@ def running_decode_cell(res: Path, finished: int, server_id: str = "base") -> st
 LIFECYCLE_WORKLOADS = {"decode": {"contexts": [128], "concurrency": [1, 2, 4], "duration_s": 8, "max_tokens": 64}}
 
 
+def experiment_variant(work: Path, name: str, base: str, change) -> Path:
+    """Write ``<work>/experiments/<name>.yaml``: the experiment ``base`` of config/experiments after
+    ``change(data)``, its keys in the order written (a sweep names its configs in the order of its `vary`
+    keys). Returns the experiments dir."""
+    import yaml
+
+    data = yaml.safe_load((REPO / "config" / "experiments" / f"{base}.yaml").read_text())
+    change(data)
+    d = work / "experiments"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return d
+
+
 def one_server_experiment(tmp_path: Path, name: str, workloads: dict, servers: list[dict] | None = None,
                           base: str = "tiny-cpu", runtime: dict | None = None) -> Path:
     """Write ``<tmp>/experiments/<name>.yaml``: ``base`` (tiny-cpu) with only its ``base`` server (or
     ``servers``), these workloads and, if given, changes to its runtime. The servers run without
-    torch.compile (``enforce-eager``): these experiments test the lifecycle, not speed, and start in about
-    25 s instead of 35-90 s (docs/decisions/0008-test-time.md)."""
-    import yaml
+    torch.compile (``enforce-eager``): these experiments test the lifecycle, not speed
+    (docs/decisions/0013-first-run-and-ci-time.md)."""
 
-    d = tmp_path / "experiments"
-    d.mkdir(exist_ok=True)
-    data = yaml.safe_load((REPO / f"config/experiments/{base}.yaml").read_text())
-    data["runtime"].update(runtime or {})
-    data["servers"] = servers or [{"id": "base"}]
-    data["server"]["args"]["enforce-eager"] = True
-    if workloads:
-        data["workloads"] = workloads
-    else:  # each server config brings its own
-        data.pop("workloads", None)
-    (d / f"{name}.yaml").write_text(yaml.safe_dump(data))
-    return d
+    def change(data: dict) -> None:
+        data["runtime"].update(runtime or {})
+        data["servers"] = servers or [{"id": "base"}]
+        data["server"]["args"]["enforce-eager"] = True
+        if workloads:
+            data["workloads"] = workloads
+        else:  # each server config brings its own
+            data.pop("workloads", None)
+
+    return experiment_variant(tmp_path, name, base, change)
 
 
 def lighter(block, window_s: float = 1, max_tokens: int = 16):
@@ -126,17 +137,13 @@ def lighter_copy(work: Path, name: str, **kw) -> Path:
     """``<work>/experiments/<name>.yaml``: experiment ``name`` with every server config, sweep point and cell,
     each measuring less (``lighter``). For tests that check what a run produces, not how a cell measures
     (the default run's test checks that). Returns the experiments dir."""
-    import yaml
 
-    data = yaml.safe_load((REPO / "config" / "experiments" / f"{name}.yaml").read_text())
-    for key in ("workloads", "servers", "sweeps"):
-        if key in data:
-            data[key] = lighter(data[key], **kw)
-    d = work / "experiments"
-    d.mkdir(exist_ok=True)
-    # in the order written: a sweep names its configs in the order of its `vary` keys
-    (d / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    return d
+    def change(data: dict) -> None:
+        for key in ("workloads", "servers", "sweeps"):
+            if key in data:
+                data[key] = lighter(data[key], **kw)
+
+    return experiment_variant(work, name, name, change)
 
 
 @pytest.fixture(scope="session")

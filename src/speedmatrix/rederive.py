@@ -51,16 +51,25 @@ def rederive(results: str | Path, experiment_name: str | None = None,
              "decisions": out / "decisions.parquet"}
     aggregate.build(cells, loops, reqs, paths["matrix"], paths["requests"], paths["decisions"], targets=exp.targets,
                     gpus={s.id: s.gpus for s in exp.servers})
+    md = write_report(exp, experiments_dir, results, out, paths, settings, captions_dir)
+    return {**paths, "report": md}
+
+
+def write_report(exp: experiment.Experiment, experiments_dir: str | Path, src: Path, out: Path,
+                 paths: dict[str, Path], loop_settings: dict, captions_dir: str | Path | None = None) -> Path:
+    """The report rule's code over a run's files: locks, launch specs, gates and reference JSONs from ``src``,
+    the matrix, decisions and requests from ``paths``; report.md, report.html and the charts into ``out``.
+    Returns report.md's path."""
     (out / "charts").mkdir(parents=True, exist_ok=True)
     report = {"md": str(out / "report.md"), "html": str(out / "report.html")}
     for chart in charts.applicable(exp):
         report[f"{chart.name}_png"] = str(out / "charts" / f"{chart.name}.png")
-    models_lock = results / "models.lock"
-    document.build(exp.name, str(experiments_dir), str(paths["matrix"]), str(results / "runtime.lock.json"),
-                   [str(p) for p in sorted(results.glob("servers/*/launch.json"))], report,
-                   gate_paths=[str(p) for p in sorted(results.glob("gates/*/*.json"))],
+    models_lock = src / "models.lock"
+    document.build(exp.name, str(experiments_dir), str(paths["matrix"]), str(src / "runtime.lock.json"),
+                   [str(p) for p in sorted(src.glob("servers/*/launch.json"))], report,
+                   gate_paths=[str(p) for p in sorted(src.glob("gates/*/*.json"))],
                    models_lock_path=str(models_lock) if models_lock.exists() else None,
-                   reference_paths=[str(p) for p in sorted(results.glob("reference/*/*.json"))],
-                   loop_settings=settings, decisions_path=str(paths["decisions"]),
+                   reference_paths=[str(p) for p in sorted(src.glob("reference/*/*.json"))],
+                   loop_settings=loop_settings, decisions_path=str(paths["decisions"]),
                    requests_path=str(paths["requests"]), captions_dir=str(captions_dir) if captions_dir else None)
-    return {**paths, "report": Path(report["md"])}
+    return Path(report["md"])

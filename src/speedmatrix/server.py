@@ -368,9 +368,9 @@ def run_broker(a: BrokerArgs) -> int:
         for name in ("broker.json", "broker.starting.json"):
             with contextlib.suppress(FileNotFoundError):
                 (state / name).unlink()
-        with open(log_path, "ab") as log:
+        with open(log_path, "ab+") as log:
             # on a line of its own, also when the server's last output did not end its line
-            ended = log.tell() == 0 or log_path.read_bytes()[-1:] == b"\n"
+            ended = log.seek(0, os.SEEK_END) == 0 or (log.seek(-1, os.SEEK_END) >= 0 and log.read(1) == b"\n")
             log.write(("" if ended else "\n").encode()
                       + f"==== speedmatrix: stopped {start_id}: {stop['reason'] or 'start-up failed'}\n".encode())
 
