@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Client overhead: how many streamed tokens per second a benchmark client ingests on one core,
 and how far its timings are from delays the server injects. speedmatrix's client against
-`vllm bench serve`'s request function, on the same local streamer (bench/fast_streamer.py).
+`vllm bench serve`'s request function, on the same local streamer (tests/fast_streamer.py).
 
     .venv/bin/python bench/client_overhead.py [--out bench/results/client_overhead.json]
 
@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from speedmatrix.server import free_port  # noqa: E402
+from speedmatrix.procs import free_port  # noqa: E402
 
 PROMPT = [1] * 16
 
@@ -85,7 +85,7 @@ def worker(ns: argparse.Namespace) -> int:
 
 
 def _start_streamer(port: int, core: int, *delay_args: str) -> subprocess.Popen:
-    cmd = ["taskset", "-c", str(core), sys.executable, str(REPO / "bench/fast_streamer.py"), str(port), *delay_args]
+    cmd = ["taskset", "-c", str(core), sys.executable, str(REPO / "tests/fast_streamer.py"), str(port), *delay_args]
     proc = subprocess.Popen(cmd, start_new_session=True)
     for _ in range(100):
         try:

@@ -6,7 +6,7 @@
 Starts the embedded default server (experiment tiny-cpu, config ``base``:
 real vLLM on the CPU, tiny Gemma-4 with random weights) on a free port, then
 for each shape (input tokens, output tokens, requests, concurrency) runs, in
-one run and alternating, ``speedmatrix bench --workload capacity`` and
+one run and alternating, ``speedmatrix measure --workload capacity`` and
 ``vllm bench serve`` (random dataset) with the same input and output lengths,
 request count and concurrency, ``ignore_eos`` on for both so that every
 request produces exactly the output length. Each client runs as its own
@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from speedmatrix import experiment, metrics, peers, runtimes  # noqa: E402
-from speedmatrix.server import end_group, free_port, group_members  # noqa: E402
+from speedmatrix.procs import end_group, free_port, group_members  # noqa: E402
 
 # (input tokens, output tokens, requests, concurrency)
 SHAPES = [(256, 128, 128, 8), (1024, 64, 24, 1), (128, 128, 256, 32)]
@@ -98,7 +98,7 @@ def place_processes(pgid: int, client_on: str = "worker") -> list[str]:
 
 def run_ours(url: str, shape: tuple[int, int, int, int], out: Path, prefix: list[str]) -> dict:
     inp, outp, n, c = shape
-    cmd = [*prefix, str(REPO / ".venv/bin/speedmatrix"), "bench", "--url", url, "--model", "tiny",
+    cmd = [*prefix, str(REPO / ".venv/bin/speedmatrix"), "measure", "--url", url, "--model", "tiny",
            "--workload", "capacity",
            "--context", str(inp), "--max-tokens", str(outp), "--requests", str(n), "--concurrency", str(c),
            "--ignore-eos", "--out", str(out)]

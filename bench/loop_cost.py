@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/loop_cost.py [--requests 40] [--out bench/results/loop_cost.json]
 
-The local streamer (bench/fast_streamer.py, pinned to one core) sends one
+The local streamer (tests/fast_streamer.py, pinned to one core) sends one
 event per write, a seeded word each (text that does not loop, so the watch
 runs to the end of every stream), 4,096 events per request, 20 microseconds
 apart. The client (pinned to the other core) runs the requests one after
@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from client_overhead import _start_streamer  # noqa: E402
 
-from speedmatrix.server import free_port  # noqa: E402
+from speedmatrix.procs import free_port  # noqa: E402
 
 TOKENS = 4096
 

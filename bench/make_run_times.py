@@ -7,7 +7,7 @@ Clones the committed HEAD into a scratch directory (a fresh clone: no .venv,
 no results, no models), then times the install `make run` does (the package
 and its engine, without the test tools), `make run` (the default
 experiment) and a second `make run` that has nothing to do, counts the server
-starts, and splits the first run's wall time with bench/overhead.py.
+starts, and splits the first run's wall time with `speedmatrix walltime`.
 
 With ``--cold`` pip's and uv's package caches and vLLM's cache are empty folders of
 the scratch directory (``PIP_CACHE_DIR``, ``UV_CACHE_DIR``, ``VLLM_CACHE_ROOT``): every package is
@@ -83,7 +83,7 @@ def main() -> int:
     # the report line the run ends with (where the page is and how to open it)
     said = [ln for ln in tails.get("first_run_s", "").splitlines() if "the report is" in ln]
     result["first_run_says"] = said[-1] if said else None
-    over = subprocess.run([str(clone / ".venv/bin/python"), str(REPO / "bench/overhead.py"), str(res)],
+    over = subprocess.run([str(clone / ".venv/bin/speedmatrix"), "walltime", str(res)],
                           capture_output=True, text=True)
     result["first_run_split"] = over.stdout.strip().splitlines()
     Path(ns.out).parent.mkdir(parents=True, exist_ok=True)

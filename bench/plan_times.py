@@ -7,7 +7,7 @@ Generates, in a scratch experiments dir, (a) a seed-002-shaped matrix (one
 server config, prefill at 7 contexts, decode at 6 contexts x 8 concurrency
 levels) and (b) a 1,000-cell experiment (10 server configs x 10 contexts x 10
 concurrency levels), and times the dry run of each with the default and the
-SLURM profile. Targets (issue 3): seed-002 <= 10 s, 1,000 cells <= 30 s.
+SLURM profile. Targets: seed-002 <= 10 s, 1,000 cells <= 30 s.
 """
 
 from __future__ import annotations

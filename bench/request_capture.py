@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A recording proxy for comparing benchmark clients (issue 19): what does each client actually send?
+"""A recording proxy for comparing benchmark clients: what does each client actually send?
 
 Listens on --port, forwards every request to --upstream unchanged, streams the
 answer back, and appends one JSON line per request to --out: method, path, the

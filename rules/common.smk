@@ -4,12 +4,13 @@ from pathlib import Path
 
 from snakemake_interface_executor_plugins.settings import ExecMode
 
+from speedmatrix import broker as sm_broker
 from speedmatrix import charts as sm_charts
 from speedmatrix import experiment as sm_experiment
 from speedmatrix import pool as sm_pool
 from speedmatrix import preflight as sm_preflight
+from speedmatrix import procs as sm_procs
 from speedmatrix import runtimes as sm_runtimes
-from speedmatrix import server as sm_server
 from speedmatrix import summary as sm_summary
 from speedmatrix import workloads as sm_workloads
 
@@ -21,7 +22,7 @@ except sm_experiment.ConfigError as err:
 RESULTS = f"{config['results_dir']}/{EXP.name}"
 MODELS = config["models_dir"]
 SERVER_IDS = [s.id for s in EXP.servers]
-# the workload kinds, one rule each (rules/bench.smk), from the registry
+# the workload kinds, one rule each (rules/cells.smk), from the registry
 WORKLOADS = sm_workloads.names()
 GATES = list(EXP.raw.get("gates", {}))
 CELLS = EXP.cells()
@@ -59,24 +60,18 @@ SERVER_LANES = (
 )
 for _lane in SERVER_LANES:
     workflow.register_resource(_lane, 1)
-# What a measurement depends on besides its cell and server: a change reruns the cells.
-# The loop thresholds only when they end requests early (client.stop_looping).
-MEASURED_WITH = {
-    "client": EXP.client,
-    "loops": EXP.loops if EXP.client.get("stop_looping") else None,
-}
 
 # The servers this workflow starts are owned by its main process (on a
 # cluster: by the Snakemake process that runs a group job in its allocation):
 # when it ends, however it ends, their brokers stop them (docs/decisions/0001).
 if workflow.is_main_process or workflow.exec_mode == ExecMode.REMOTE:
-    sm_server.claim_ownership(workflow.is_main_process)
+    sm_procs.claim_ownership(workflow.is_main_process)
 
 
 wildcard_constraints:
     server_id="[A-Za-z0-9][A-Za-z0-9_.-]*",
     cell_id=sm_workloads.cell_id_pattern(),
-    # a cell id without its kind (each kind has its rule, rules/bench.smk)
+    # a cell id without its kind (each kind has its rule, rules/cells.smk)
     cell_key=sm_workloads.CELL_KEY_PATTERN,
     model="[A-Za-z0-9][A-Za-z0-9_.-]*",
     gate="smoke|structured_json|tool_calls",
@@ -89,61 +84,9 @@ def results_root(wildcards):
 
 
 def stop_servers():
-    stopped = sm_server.stop_all(config["results_dir"])
+    stopped = sm_broker.stop_all(config["results_dir"])
     if stopped:
         print(f"speedmatrix: stopped {stopped} server(s)")
-
-
-def run_jobs():
-    # every job of the run, in DAG order: (name, its output, its log). The run summary says of each
-    # whether it is done, failed (with its log's cause) or not run: a failed model download, reference,
-    # aggregation or report counts as much as a failed cell.
-    R = RESULTS
-    jobs = [("pin_runtime", f"{R}/runtime.lock.json", f"{R}/logs/pin_runtime.log")]
-    jobs += [
-        (f"model {m}", model_manifest(m), f"{R}/logs/models/{m}.log")
-        for m in EXP.models
-    ]
-    jobs.append(("models_lock", f"{R}/models.lock", f"{R}/logs/models_lock.log"))
-    for sid in P2P_SERVER_IDS:
-        jobs.append(
-            (
-                f"{sid} p2p_check",
-                f"{R}/servers/{sid}/p2p.json",
-                f"{R}/logs/servers/{sid}.p2p.log",
-            )
-        )
-    for sid in SERVER_IDS:
-        jobs.append(
-            (
-                f"{sid} server_launch",
-                f"{R}/servers/{sid}/launch.json",
-                f"{R}/logs/servers/{sid}.launch.log",
-            )
-        )
-    for c in CELLS:
-        name = f"{c.server_id}/{c.id}"
-        jobs.append((name, f"{R}/cells/{name}.json", f"{R}/logs/cells/{name}.log"))
-    for c in CELLS:
-        name = f"{c.server_id}/{c.id}"
-        jobs.append(
-            (f"loops {name}", f"{R}/loops/{name}.json", f"{R}/logs/loops/{name}.log")
-        )
-    for sid in SERVER_IDS:
-        for gate in GATES:
-            jobs.append(
-                (
-                    f"{sid} gate {gate}",
-                    f"{R}/gates/{sid}/{gate}.json",
-                    f"{R}/logs/gates/{sid}/{gate}.log",
-                )
-            )
-    for path in reference_files():
-        name = path[len(f"{R}/reference/") : -len(".json")]
-        jobs.append((f"reference {name}", path, f"{R}/logs/reference/{name}.log"))
-    jobs.append(("aggregate", f"{R}/matrix.parquet", f"{R}/logs/aggregate.log"))
-    jobs.append(("report", f"{R}/report.html", f"{R}/logs/report.log"))
-    return [(name, Path(out), Path(log)) for name, out, log in jobs]
 
 
 def preflight():
@@ -165,7 +108,9 @@ def finish_run(succeeded):
     # the end of every run: servers stopped, then what ran and why anything failed, and where the report is
     stop_servers()
     if workflow.is_main_process:
-        summary = sm_summary.write(Path(RESULTS), run_jobs())
+        # Snakemake's own record of the run: every job of its DAG, and those its scheduler saw fail
+        jobs = sm_summary.jobs_of(workflow.dag, workflow.scheduler.failed)
+        summary = sm_summary.write(Path(RESULTS), jobs, succeeded)
         print(sm_summary.text(summary))
         page = Path(RESULTS) / "report.html"
         if succeeded and page.exists():
@@ -207,9 +152,7 @@ def model_manifest(name):
 
 
 def server_models(wildcards):
-    srv = EXP.server(wildcards.server_id)
-    names = [srv.model] + ([srv.speculative["model"]] if srv.speculative else [])
-    return [model_manifest(n) for n in names]
+    return [model_manifest(n) for n in EXP.server(wildcards.server_id).model_names]
 
 
 def model_spec(wildcards):
@@ -221,6 +164,7 @@ def model_spec(wildcards):
 
 
 def cell_id_of(kind):
+    # a rule per kind matches the rest of the id (CELL_KEY_PATTERN, beside Cell.id that writes it)
     def cell_id(wildcards):
         return f"{kind}-{wildcards.cell_key}"
 
@@ -233,11 +177,7 @@ def server_spec(wildcards):
     srv = EXP.server(wildcards.server_id)
     return {
         "runtime": EXP.runtime,
-        "models": {
-            n: EXP.models[n]
-            for n in [srv.model]
-            + ([srv.speculative["model"]] if srv.speculative else [])
-        },
+        "models": {n: EXP.models[n] for n in srv.model_names},
         "server": {k: v for k, v in vars(srv).items() if k != "workloads"},
     }
 
@@ -245,7 +185,7 @@ def server_spec(wildcards):
 def cell_spec_of(kind):
     # the cell's whole definition (requests, output cap, duration, ...): a change re-measures it
     def cell_spec(wildcards):
-        return EXP.cell(wildcards.server_id, f"{kind}-{wildcards.cell_key}").as_dict()
+        return EXP.cell(wildcards.server_id, cell_id_of(kind)(wildcards)).as_dict()
 
     return cell_spec
 

@@ -19,7 +19,7 @@ rule p2p_check:
         gpu=server_gpus,
     params:
         gpus=server_gpus_needed,
-        device=EXP.runtime.get("device", "gpu"),
+        device=EXP.runtime["device"],
     script:
         "../workflow/scripts/p2p_check.py"
 

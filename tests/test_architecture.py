@@ -74,6 +74,42 @@ def test_no_module_imports_one_that_imports_it_back():
             assert cycle is None, " -> ".join(cycle)
 
 
+def layers_of_the_docs() -> list[tuple[str, set[str]]]:
+    """docs/architecture.md's layer table: (layer, its modules), top row first."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    modules = {module_name(f): f for f in PACKAGE.rglob("*.py")}
+    out = []
+    for line in section.splitlines():
+        cols = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cols) < 3 or cols[0] in ("Layer", "") or set(cols[0]) <= {"-"}:
+            continue
+        named = set()
+        for token in re.findall(r"`([^`]+)`", cols[1]):
+            path = PACKAGE / token
+            if token.endswith("/"):
+                named |= {m for m, f in modules.items() if path in f.parents}
+            elif path.suffix == ".py" and path.exists():
+                named.add(module_name(path))
+        out.append((cols[0], named))
+    return out
+
+
+def test_the_layers_in_the_docs_hold():
+    """Every module is in one row of docs/architecture.md's layer table; nothing imports from a row below."""
+    layers = layers_of_the_docs()
+    graph = import_graph()
+    row = {}
+    for k, (_, mods) in enumerate(layers):
+        for m in mods:
+            assert m not in row, f"{m} is in two layers"
+            row[m] = k
+    assert set(graph) - set(row) == set(), "modules missing from the layer table"
+    upward = [f"{m} ({layers[row[m]][0]}) imports {i} ({layers[row[i]][0]})"
+              for m, imports in graph.items() for i in imports if row[i] > row[m]]
+    assert upward == []
+
+
 def test_formatting_and_tables_import_nothing_of_speedmatrix():
     graph = import_graph()
     for name in ("speedmatrix.report.fmt", "speedmatrix.report.table", "speedmatrix.report"):

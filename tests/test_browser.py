@@ -1,7 +1,7 @@
 """The report and the comparison page in a real browser: Debian's headless chromium, driven by Selenium through
 Debian's chromium-driver, with the network off.
 
-The pages are built from a tracked run (docs/results/tiny-cpu-issue15: its matrix, decisions and requests) by
+The pages are built from a tracked run (docs/results/tiny-cpu-decisions: its matrix, decisions and requests) by
 the same code as the report rule. Each test checks that every chart drew (an SVG per chart), that the page asked
 for nothing but itself (Chrome's own network log), that no JavaScript error was logged, that a table sorts by
 a click, and saves a screenshot of the first screen in the test's folder.
@@ -24,7 +24,7 @@ from conftest import REPO
 
 pytestmark = pytest.mark.browser
 
-RUN = REPO / "docs" / "results" / "tiny-cpu-issue15"
+RUN = REPO / "docs" / "results" / "tiny-cpu-decisions"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 

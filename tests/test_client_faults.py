@@ -11,6 +11,7 @@ from aiohttp.test_utils import TestServer
 
 from fault_server import PROMPTS, app
 from speedmatrix.client import RequestOptions, RequestRecord, closed_loop, stream_completion
+from speedmatrix.settings import ClientSettings
 from speedmatrix.workloads import Cell
 
 
@@ -79,7 +80,8 @@ def _measure(cell, fixture_app, client_cfg=None):
     async def go():
         async with TestServer(fixture_app) as srv:
             url = str(srv.make_url("")).rstrip("/")
-            return await cells.measure(cell, url, "ok", client_cfg or {"stall_timeout_s": 5}, progress=lambda m: None)
+            settings = ClientSettings.from_config(client_cfg or {"stall_timeout_s": 5})
+            return await cells.measure(cell, cells.MeasureInput(url, "ok", settings, progress=lambda m: None))
     return asyncio.run(go())
 
 
@@ -187,6 +189,6 @@ def test_an_slo_search_runs_in_one_job_and_keeps_every_step():
 def test_bench_refuses_an_slo_search_without_a_target(capsys):
     from speedmatrix import cli
 
-    assert cli.main(["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--workload", "slo_search",
+    assert cli.main(["measure", "--url", "http://127.0.0.1:9", "--model", "m", "--workload", "slo_search",
                      "--context", "32", "--out", "/dev/null"]) == 2
     assert "slo_search needs a latency target" in capsys.readouterr().err

@@ -7,16 +7,16 @@ import sys
 
 import pytest
 
-from speedmatrix import server
+from speedmatrix import broker
 
 
 @pytest.mark.parametrize("exit_code, removed", [(125, False), (1, True)])
 def test_stop_argv_only_for_a_container_we_started(tmp_path, exit_code, removed):
     marker = tmp_path / "removed"
-    args = server.BrokerArgs(
+    args = broker.BrokerArgs(
         state_dir=tmp_path / "state", argv=[sys.executable, "-c", f"import sys; sys.exit({exit_code})"], env={},
         url="http://127.0.0.1:9", startup_timeout_s=10, idle_timeout_s=10, owner=None, server_id="s",
         experiment="e", stop_argv=[sys.executable, "-c", f"open({str(marker)!r}, 'w').write('x')"])
-    assert server.run_broker(args) == 2  # the start failed
+    assert broker.run_broker(args) == 2  # the start failed
     assert "exited with code" in (tmp_path / "state" / "startup-error.json").read_text()
     assert marker.exists() == removed

@@ -244,6 +244,33 @@ def test_second_run_has_nothing_to_do(full_run):
     assert starts(work / "results" / "tiny-cpu") == {"base": 1, "mtp2": 1}
 
 
+def test_a_failed_loop_aggregate_or_report_job_is_counted_with_its_cause(full_run):
+    """A job after the cells fails (its input made unreadable and newer than its output, so Snakemake reruns
+    it): the run summary names it failed with the line its log ends with, the jobs after it not run, the rest
+    done (Snakemake's own record of the run), and the output never says "0 failed". Runs last on the default
+    run's folder: no measurement is repeated, no server starts."""
+    work, proc, *_ = full_run
+    assert proc.returncode == 0
+    res = work / "results" / "tiny-cpu"
+    cell = sorted(res.glob("cells/base/*.json"))[0]
+    cases = [  # (the file broken, the job that fails, the jobs not run)
+        (res / "matrix.parquet", "report", []),
+        (res / "loops/base" / cell.name, "aggregate", ["report"]),
+        (cell, f"loops base/{cell.stem}", ["aggregate", "report"]),
+    ]
+    for broken, job, after in cases:
+        broken.write_text("{ not what it should be")
+        again = run_snakemake(work, timeout=300)
+        out = again.stdout + again.stderr
+        s = json.loads((res / "run-summary.json").read_text())
+        assert again.returncode != 0, job
+        assert s["failed"] == 1 and s["causes"][0]["jobs"] == [job], (job, s)
+        assert s["causes"][0]["cause"] and s["causes"][0]["cause"] != "(failed before writing its log)", s
+        assert s["not_run_jobs"] == after and s["done"] == s["jobs"] - 1 - len(after), (job, s)
+        assert "1 failed" in out and "0 failed" not in out, out[-2000:]
+    assert starts(res) == {"base": 1, "mtp2": 1}
+
+
 # --------------------------------------------------------------------------- failures
 
 

@@ -11,7 +11,7 @@ import yaml
 
 from conftest import REPO, one_server_experiment, run_snakemake, wait_no_vllm
 from speedmatrix import experiment, preflight, summary
-from speedmatrix.server import complaint
+from speedmatrix.broker import complaint
 
 ARGPARSE_LOG = """INFO 12-01 01:02:03 [api_server.py:1] vLLM API server version 0.32.0
 usage: api_server.py [-h] [--host HOST]
@@ -39,24 +39,42 @@ def test_the_run_summary_groups_failed_jobs_by_cause(tmp_path):
     res = tmp_path / "results" / "e"
     jobs = []
     for k, state in enumerate(["done", "failed", "failed-again", "failed", "not-run"]):
-        out, log = res / f"cells/s/c{k}.json", res / f"logs/cells/s/c{k}.log"
+        log = res / f"logs/cells/s/c{k}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if state == "done":
-            out.write_text("{}")
-        elif state == "failed":
+        if state == "failed":
             log.write_text("[01:02:03] starting server s\n[01:02:40] ERROR: server s failed to start: "
                            "vLLM exited with code 2 during start-up: api_server.py: error: unrecognized arguments\n")
         elif state == "failed-again":
             log.write_text("[01:02:41] ERROR: server s failed to start earlier in this run: vLLM exited with code 2 "
                            "during start-up: api_server.py: error: unrecognized arguments\n")
-        jobs.append((f"s/c{k}", out, log))
-    s = summary.write(res, jobs)
+        jobs.append((f"s/c{k}", {"done": summary.DONE, "not-run": summary.NOT_RUN}.get(state, summary.FAILED), log))
+    s = summary.write(res, jobs, succeeded=False)
     assert (s["jobs"], s["done"], s["failed"], s["not_run"]) == (5, 1, 3, 1)
     assert len(s["causes"]) == 1 and s["causes"][0]["jobs"] == ["s/c1", "s/c2", "s/c3"]
     assert "unrecognized arguments" in s["causes"][0]["cause"]
     assert json.loads((res / "run-summary.json").read_text()) == s
     assert "3 failed: server s failed to start" in summary.text(s)
+
+
+def test_a_failed_run_without_a_failed_job_never_reads_as_0_failed(tmp_path):
+    """Snakemake can stop on an error outside every job (its own): the summary says so, not "0 failed"."""
+    s = summary.summarize(tmp_path, [("pin_runtime", summary.DONE, None), ("aggregate", summary.NOT_RUN, None)],
+                          succeeded=False)
+    assert s["failed"] == 0 and not s["succeeded"]
+    line = summary.text(s)
+    assert "0 failed" not in line and "outside its jobs" in line and "1 of 2 jobs done" in line
+
+
+def test_jobs_are_named_for_their_rule_and_wildcards():
+    assert summary.job_name("decode", {"server_id": "base", "cell_key": "ctx128-c1"}) == "base/decode-ctx128-c1"
+    assert summary.job_name("loops", {"server_id": "base", "cell_id": "decode-ctx128-c1"}) == \
+        "loops base/decode-ctx128-c1"
+    assert summary.job_name("reference", {"server_id": "b", "cell_id": "capacity-ctx128-c1"}) == \
+        "reference b/capacity-ctx128-c1"
+    assert summary.job_name("gate", {"server_id": "base", "gate": "smoke"}) == "base gate smoke"
+    assert summary.job_name("p2p_check", {"server_id": "tp2"}) == "tp2 p2p_check"
+    assert summary.job_name("model", {"model": "tiny-gemma4"}) == "model tiny-gemma4"
+    assert summary.job_name("report", {}) == "report"
 
 
 def test_preflight_names_a_missing_runtime_command(tmp_path):

@@ -1,17 +1,12 @@
-"""bench/interference.py on constructed runs whose answer is known (nothing real is timed)."""
+"""`speedmatrix interference` on constructed runs whose answer is known (nothing real is timed)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pandas as pd
 
-from conftest import REPO
-
-spec = importlib.util.spec_from_file_location("interference", REPO / "bench" / "interference.py")
-interference = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(interference)
+from speedmatrix import cli, interference
 
 
 def run(tmp_path, name, tok_s, beside=None, gpus=None):
@@ -38,5 +33,5 @@ def test_each_cell_beside_against_alone_and_against_a_second_lone_run(tmp_path):
     assert got["runs"]["beside"]["wall_s"] == 100
     text = interference.markdown(got)
     assert "| a | 1 | decode-c1 | b/decode-c1 | 100.0 → 99.0 (-1.0 %, +1.0 %)" in text
-    interference.main([str(alone), str(beside), "--out", str(tmp_path / "out")])
+    cli.main(["interference", str(alone), str(beside), "--out", str(tmp_path / "out")])
     assert json.loads((tmp_path / "out" / "interference.json").read_text())["cells"][1]["server_id"] == "b"

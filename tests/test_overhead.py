@@ -1,15 +1,11 @@
-"""bench/overhead.py on a constructed run folder whose answer is known (no timing is asserted of anything real)."""
+"""`speedmatrix walltime` on a constructed run folder whose answer is known (nothing real is timed)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
-from conftest import REPO
-
-spec = importlib.util.spec_from_file_location("overhead", REPO / "bench" / "overhead.py")
-overhead = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(overhead)
+from speedmatrix import cli
+from speedmatrix import walltime as overhead
 
 
 def write_log(path, *stamps):
@@ -38,7 +34,7 @@ def test_wall_time_splits_into_start_ups_windows_and_the_rest(tmp_path):
 
 
 def test_a_folder_without_logs_is_refused(tmp_path, capsys):
-    assert overhead.main([str(tmp_path)]) == 2
+    assert cli.main(["walltime", str(tmp_path)]) == 2
     assert "no logs/ folder" in capsys.readouterr().err
 
 

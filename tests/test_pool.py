@@ -1,4 +1,4 @@
-"""A node's GPUs as a pool (speedmatrix.pool, server.place): which jobs may run side by side, which GPUs a
+"""A node's GPUs as a pool (speedmatrix.pool, placement.place): which jobs may run side by side, which GPUs a
 new server gets, which idle server is stopped for it, and who measured beside whom."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from speedmatrix import experiment, pool, server
+from speedmatrix import experiment, placement, pool, procs
 from speedmatrix.errors import ConfigError
 
 
@@ -82,7 +82,7 @@ def fake_broker(results_root: Path, server_id: str, gpus: list[str] | None) -> t
     d = results_root / "exp" / "servers" / server_id
     d.mkdir(parents=True)
     info = {"broker_pid": proc.pid, "vllm_pid": proc.pid, "pgid": proc.pid, "server_id": server_id,
-            "hostname": os.uname().nodename, "scope": server.device_scope(), "gpus": gpus, "stop_argv": None,
+            "hostname": os.uname().nodename, "scope": procs.device_scope(), "gpus": gpus, "stop_argv": None,
             "startup": {"start_id": "x"}}
     (d / "broker.json").write_text(json.dumps(info))
     (d / "lease").touch()
@@ -101,17 +101,17 @@ def test_a_new_server_takes_free_gpus_then_an_idle_servers(tmp_path):
 
             fcntl.flock(lease, fcntl.LOCK_SH)  # a cell is measuring on "busy"
             # free GPUs first, in the pool's order; nothing is stopped
-            assert server.place(root, new, four) == ["2"]
-            assert server.place(root, new, pool.Placement(("0", "1", "2", "3"), 2, False)) == ["2", "3"]
+            assert placement.place(root, new, four) == ["2"]
+            assert placement.place(root, new, pool.Placement(("0", "1", "2", "3"), 2, False)) == ["2", "3"]
             assert idle.poll() is None
             # two GPUs on a pool of two: the idle server is stopped for it, the measuring one never
             two = pool.Placement(("0", "1"), 1, False)
             said = []
-            assert server.place(root, new, two, progress=said.append) == ["1"]
+            assert placement.place(root, new, two, progress=said.append) == ["1"]
             assert idle.wait(timeout=20) is not None and busy.poll() is None
             assert said and "stopping server idle (idle) to free 1" in said[0]
             # all GPUs held by a server that is measuring: wait (None)
-            assert server.place(root, new, pool.Placement(("0",), 1, False)) is None
+            assert placement.place(root, new, pool.Placement(("0",), 1, False)) is None
     finally:
         for p in (busy, idle):
             if p.poll() is None:
@@ -124,7 +124,7 @@ def test_a_server_started_without_a_pool_holds_the_whole_device(tmp_path):
     _, old = fake_broker(root, "old", None)
     try:
         # the undivided device: the old (idle) server is stopped for the new one, as before pools
-        assert server.place(root, root / "exp/servers/new", pool.Placement()) == [pool.WHOLE_DEVICE]
+        assert placement.place(root, root / "exp/servers/new", pool.Placement()) == [pool.WHOLE_DEVICE]
         assert old.wait(timeout=20) is not None
     finally:
         if old.poll() is None:
@@ -134,11 +134,11 @@ def test_a_server_started_without_a_pool_holds_the_whole_device(tmp_path):
 MEASURE = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    from speedmatrix import server
+    from speedmatrix import placement
     root, sid, cell = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     wait_s, hold_s = float(sys.argv[4]), float(sys.argv[5])
     time.sleep(wait_s)
-    with server._measuring(root, "exp", sid, cell) as beside:
+    with placement.measuring(root, "exp", sid, cell) as beside:
         time.sleep(hold_s)
     print(json.dumps(beside()))
 """)
@@ -159,7 +159,7 @@ def test_each_measurement_names_those_that_overlapped_it(tmp_path):
     assert [x["server_id"] for x in out["b"]] == ["a"]
     assert out["c"] == []
     # every measurement is in the host's journal
-    lines = (root / ".devices" / f"{server.device_scope()}.measured.jsonl").read_text().splitlines()
+    lines = (root / ".devices" / f"{procs.device_scope()}.measured.jsonl").read_text().splitlines()
     assert sorted(json.loads(ln)["cell"] for ln in lines) == ["decode-1", "decode-2", "decode-3"]
 
 
@@ -209,10 +209,10 @@ def test_two_configs_start_side_by_side_on_a_stand_in_pool(tmp_path, no_vllm_bef
 LOCKED = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    from speedmatrix import server
+    from speedmatrix import placement
     root, exclusive, wait_s, hold_s = Path(sys.argv[1]), sys.argv[2] == "1", float(sys.argv[3]), float(sys.argv[4])
     time.sleep(wait_s)
-    with server.measure_lock(root, exclusive=exclusive):
+    with placement.measure_lock(root, exclusive=exclusive):
         start = time.time()
         time.sleep(hold_s)
         print(json.dumps([start, time.time()]))

@@ -15,7 +15,7 @@ import yaml
 
 from conftest import REPO
 from speedmatrix import experiment, preflight, registry, runtimes
-from speedmatrix.server import free_port
+from speedmatrix.procs import free_port
 
 REGISTRY_BIN = shutil.which("docker-registry") or shutil.which("registry")
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"

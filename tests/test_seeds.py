@@ -110,7 +110,7 @@ def test_seed003_models_by_runner():
     assert {(c.context_tokens, c.concurrency) for c in cells} == {(x, y) for x in (1024, 8192, 30720)
                                                                   for y in (1, 8, 128)}
     assert all(c.requests == 128 and c.max_tokens == 128 for c in cells)
-    assert exp.client["api"] == "chat" and exp.client["chat_template_kwargs"] == {"enable_thinking": False}
+    assert exp.client.api == "chat" and exp.client.chat_template_kwargs == {"enable_thinking": False}
     assert exp.servers[0].args["kv-cache-dtype"] == "fp8"
     assert set(exp.raw["gates"]) == {"smoke", "structured_json", "tool_calls"}
     assert exp.raw["gates"]["tool_calls"]["count"] == 20
@@ -128,7 +128,7 @@ def test_tiny_variant_has_the_same_dag_shape(name):
                        for s in e.servers for c in e.cells(s.id)}
     assert kinds(tiny) == kinds(full)
     assert set(tiny.raw.get("gates", {})) == set(full.raw.get("gates", {}))
-    assert tiny.client.get("api") == full.client.get("api")
+    assert tiny.client.api == full.client.api
     assert [t.name for t in tiny.targets] == [t.name for t in full.targets]  # the targets the seed cared about
     for s in tiny.servers:  # each -tiny model is synthesized here: nothing to download
         assert "synthesize" in tiny.models[s.model]

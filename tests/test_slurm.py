@@ -33,7 +33,7 @@ def slurm_cmd(work: Path, experiment_name: str, experiments_dir: Path | str = "c
         "--config", f"experiment={experiment_name}", f"results_dir={work / 'results'}",
         f"models_dir={work / 'models'}", f"experiments_dir={experiments_dir}",
         "--default-resources", "slurm_partition=debug", "slurm_account=none", "runtime=30", "mem_mb=2000",
-        # every cell kind has its rule (rules/bench.smk): two CPUs and 6 GB for each
+        # every cell kind has its rule (rules/cells.smk): two CPUs and 6 GB for each
         "--set-threads", *(f"{k}=2" for k in workload_names()),
         "--set-resources", *(f"{k}:mem_mb=6000" for k in workload_names()),
         # the jobs run on this very host: the cluster's shared file system is the local disk

@@ -48,19 +48,19 @@ MATRIX_COLUMNS = [
     "started_at", "hostname", "slurm_job_id",
     "mean_ttft_ms", "p95_ttft_ms", "corpus", "shared_prefix", "ignore_eos", "server_metrics", "token_count_gap",
     "server_running_mean", "prefix_cache_hits", "prefix_cache_queries",
-    # loops (docs/decisions: issue 5): the figure over the requests that did not loop, and trust in acceptance
+    # loops (docs/decisions/0003): the figure over the requests that did not loop, and trust in acceptance
     "looped_requests", "total_tok_s_non_looping", "spec_acceptance_reliable", "loops_after_natural_end",
     "prompt_format",
     # seed experiments: the sweep a server config belongs to and its point ("path=label; ..."), the API used
     "sweep", "sweep_point", "api",
-    # repeats (issue 14): the main figures are the median of a cell's repeats; their 95 % interval (Student's t
+    # repeats: the main figures are the median of a cell's repeats; their 95 % interval (Student's t
     # for the mean of the repeats) and coefficient of variation; each repeat's figure; why a status
     "repeats", *SPREAD_COLUMNS, "total_tok_s_repeats", "ttft_ms_repeats", "status_reason",
     # decode: the steady part of the window (total_tok_s) against the whole window; how the streams came
     "total_tok_s_window", "steady_fraction", "delivery", "delivery_burst_share",
-    # a GPU pool (issue 18): the pool's GPUs the server held, and the other cells that measured during this one
+    # a GPU pool: the pool's GPUs the server held, and the other cells that measured during this one
     "server_gpus", "ran_beside",
-    # decisions (issue 15): the server's GPUs (tensor x pipeline parallel; 0 on the CPU) and output tok/s per
+    # decisions: the server's GPUs (tensor x pipeline parallel; 0 on the CPU) and output tok/s per
     # GPU (the whole server's on the CPU); on the Pareto frontier of tok/s per user against it; the cell's
     # first latency target (a search cell's: its own) with the share of requests that met it, whether it holds
     # at its percentile, and the goodput of the requests that met it (every target: decisions.parquet)
@@ -73,89 +73,70 @@ MATRIX_COLUMNS = [
 ]
 
 
+# matrix columns read as they are from a cell's JSON: column -> key, by the part of the JSON it is in
+FROM_RESULT = {
+    "total_tok_s_window": "output_throughput_window", "steady_fraction": "steady_fraction",
+    "delivery_burst_share": "delivery_burst_share", "total_tok_s": "output_throughput",
+    "per_request_tok_s": "per_request_tok_s", "ttft_ms": "median_ttft_ms", "itl_ms": "median_tbt_ms",
+    "avg_active_requests": "avg_active_requests", "completed_requests": "completed",
+    "output_tokens": "total_output_tokens", "measured_s": "measured_s", "prompt_tok_s": "prompt_tok_s",
+    "spec_acceptance_rate": "spec_decode_acceptance_rate", "spec_acceptance_length": "spec_decode_acceptance_length",
+    "prefix_cache_hit_rate": "prefix_cache_hit_rate", "error": "error", "failed_requests": "failed",
+    "num_requests": "num_requests", "p90_ttft_ms": "p90_ttft_ms", "p99_ttft_ms": "p99_ttft_ms",
+    "p90_itl_ms": "p90_tbt_ms", "p99_itl_ms": "p99_tbt_ms", "median_chunk_itl_ms": "median_itl_ms",
+    "kv_cache_size_tokens": "kv_cache_size_tokens", "needed_kv_tokens": "needed_kv_tokens",
+    "server_generation_tokens": "server_generation_tokens", "preemptions": "preemptions",
+    "spec_decode_per_position_acceptance": "spec_decode_per_position_acceptance", "started_at": "started_at",
+    "mean_ttft_ms": "mean_ttft_ms", "p95_ttft_ms": "p95_ttft_ms", "ignore_eos": "ignore_eos",
+    "server_metrics": "server_metrics", "token_count_gap": "token_count_gap",
+    "server_running_mean": "server_running_mean", "prefix_cache_hits": "prefix_cache_hits",
+    "prefix_cache_queries": "prefix_cache_queries", "prompt_format": "prompt_format",
+    **{k: k for k in TELEMETRY_COLUMNS},
+}
+FROM_LOOPS = {
+    "status_reason": "status_reason", "loop_fraction": "loop_fraction", "suspected_fraction": "suspected_fraction",
+    "loop_status_policy": "policy", "looped_requests": "looped_requests",
+    "total_tok_s_non_looping": "output_throughput_non_looping", "spec_acceptance_reliable": "spec_acceptance_reliable",
+    "loops_after_natural_end": "loops_after_natural_end",
+}
+FROM_PROVENANCE = {
+    "vllm_version": "vllm_version", "runtime_ref": "runtime_ref", "server_start_id": "server_start_id",
+    "hostname": "hostname", "model_weights_gib": "model_weights_gib",
+}
+
+
 def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
-    spec = cell["cell"]
-    res = cell["result"]
-    prov = cell["provenance"]
-    srv = cell["server"]
+    """One cell's row of the matrix, from its JSON and its loop verdict."""
+    spec, res, prov, srv = cell["cell"], cell["result"], cell["provenance"], cell["server"]
     kind = workloads.get(spec["workload"])
     return {
         "experiment": cell["experiment"],
         "server_id": spec["server_id"],
         "cell_id": spec["cell_id"],
-        "model": srv["model"],
-        "spec_tokens": srv["spec_tokens"],
-        "repeats": spec.get("repeats", 1),
-        **spread_fields(res),
-        "status_reason": loops.get("status_reason"),
-        "total_tok_s_window": res.get("output_throughput_window"),
-        "server_gpus": ",".join(prov.get("server_gpus") or []) or None,
-        "ran_beside": "; ".join(f"{b['server_id']}/{b['cell']}" for b in res.get("beside") or []) or None,
-        "steady_fraction": res.get("steady_fraction"),
-        # decided here from the measured share (a new threshold re-derives it, never re-measures)
-        "delivery": stats.delivery_kind(res.get("delivery_burst_share")),
-        "delivery_burst_share": res.get("delivery_burst_share"),
-        "sweep": srv.get("sweep"),
-        "sweep_point": "; ".join(f"{k}={v['label']}" for k, v in (srv.get("sweep_values") or {}).items()) or None,
-        "api": res.get("api", "completions"),
         "workload": spec["workload"],
         "context_tokens": spec["context_tokens"],
         "concurrency": spec["concurrency"],
-        "status": loops["cell_status"],
-        "total_tok_s": res.get("output_throughput"),
-        "per_request_tok_s": res.get("per_request_tok_s"),
-        "ttft_ms": res.get("median_ttft_ms"),
-        "itl_ms": res.get("median_tbt_ms"),
-        "avg_active_requests": res.get("avg_active_requests"),
-        "completed_requests": res.get("completed"),
-        "output_tokens": res.get("total_output_tokens"),
-        "measured_s": res.get("measured_s"),
-        "prompt_tok_s": res.get("prompt_tok_s"),
-        "spec_acceptance_rate": res.get("spec_decode_acceptance_rate"),
-        "spec_acceptance_length": res.get("spec_decode_acceptance_length"),
-        "prefix_cache_hit_rate": res.get("prefix_cache_hit_rate"),
-        "loop_fraction": loops.get("loop_fraction"),
-        "suspected_fraction": loops.get("suspected_fraction"),
-        "loop_status_policy": loops.get("policy"),
-        "error": res.get("error"),
-        "vllm_version": prov.get("vllm_version"),
-        "runtime_ref": prov.get("runtime_ref"),
         "max_tokens": spec["max_tokens"],
         "duration_s": spec.get("duration_s"),
-        "failed_requests": res.get("failed"),
-        "num_requests": res.get("num_requests"),
-        "p90_ttft_ms": res.get("p90_ttft_ms"),
-        "p99_ttft_ms": res.get("p99_ttft_ms"),
-        "p90_itl_ms": res.get("p90_tbt_ms"),
-        "p99_itl_ms": res.get("p99_tbt_ms"),
-        "median_chunk_itl_ms": res.get("median_itl_ms"),
-        "kv_cache_size_tokens": res.get("kv_cache_size_tokens"),
-        "needed_kv_tokens": res.get("needed_kv_tokens"),
-        "server_generation_tokens": res.get("server_generation_tokens"),
-        "preemptions": res.get("preemptions"),
-        "spec_decode_per_position_acceptance": res.get("spec_decode_per_position_acceptance"),
-        "server_start_id": prov.get("server_start_id"),
-        "started_at": res.get("started_at"),
-        "hostname": prov.get("hostname"),
-        "slurm_job_id": (prov.get("scheduler") or {}).get("SLURM_JOB_ID"),
-        "mean_ttft_ms": res.get("mean_ttft_ms"),
-        "p95_ttft_ms": res.get("p95_ttft_ms"),
-        "corpus": spec.get("corpus", "prose"),
+        "repeats": spec.get("repeats", 1),  # a cell measured before repeats existed was measured once
+        "corpus": spec.get("corpus", "prose"),  # the same, before corpora
         "shared_prefix": spec.get("shared_prefix"),
-        "ignore_eos": res.get("ignore_eos"),
-        "server_metrics": res.get("server_metrics"),
-        "token_count_gap": res.get("token_count_gap"),
-        "server_running_mean": res.get("server_running_mean"),
-        "prefix_cache_hits": res.get("prefix_cache_hits"),
-        "prefix_cache_queries": res.get("prefix_cache_queries"),
-        "looped_requests": loops.get("looped_requests"),
-        "total_tok_s_non_looping": loops.get("output_throughput_non_looping"),
-        "spec_acceptance_reliable": loops.get("spec_acceptance_reliable"),
-        "loops_after_natural_end": loops.get("loops_after_natural_end"),
-        "prompt_format": res.get("prompt_format"),
-        **{k: res.get(k) for k in TELEMETRY_COLUMNS},
+        "model": srv["model"],
+        "spec_tokens": srv["spec_tokens"],
+        "sweep": srv.get("sweep"),
+        "sweep_point": "; ".join(f"{k}={v['label']}" for k, v in (srv.get("sweep_values") or {}).items()) or None,
+        "status": loops["cell_status"],
+        "api": res.get("api", "completions"),  # before the chat API, every cell's
+        **spread_fields(res),
+        **{col: res.get(key) for col, key in FROM_RESULT.items()},
+        **{col: loops.get(key) for col, key in FROM_LOOPS.items()},
+        **{col: prov.get(key) for col, key in FROM_PROVENANCE.items()},
+        "server_gpus": ",".join(prov.get("server_gpus") or []) or None,
+        "ran_beside": "; ".join(f"{b['server_id']}/{b['cell']}" for b in res.get("beside") or []) or None,
+        # decided here from the measured share (a new threshold re-derives it, never re-measures)
+        "delivery": stats.delivery_kind(res.get("delivery_burst_share")),
+        "slurm_job_id": (prov.get("scheduler") or {}).get("SLURM_JOB_ID"),
         "gpu_per_gpu": json.dumps(res["gpu_per_gpu"]) if res.get("gpu_per_gpu") else None,
-        "model_weights_gib": prov.get("model_weights_gib"),
         **kind.matrix_fields(spec, res, prov),
     }
 

@@ -17,6 +17,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import pandas as pd
 from . import atomic, client, loops, metrics, prompts, stats, telemetry
 from .errors import CellError
 from .job import JobContext
+from .settings import ClientSettings
 from .workloads import Cell, CellRun
 
 MAX_FAILED_FRACTION = 0.5
@@ -130,164 +132,137 @@ async def _counters(url: str) -> dict[str, Any]:
         return await _scrape(session, url)
 
 
-def request_options(cell: Cell, client_cfg: dict[str, Any], loop_cfg: dict[str, Any] | None = None,
+def request_options(cell: Cell, settings: ClientSettings, loop_cfg: dict[str, Any] | None = None,
                     eos_text: str | None = None) -> client.RequestOptions:
     """The cell's request options. ``usage_per_chunk`` ``auto`` (the default) asks for per-event
     token counts only where they are needed to be exact: a decode cell cuts its requests at the
     window's end, before their final usage event. The other cells run every request to its end,
     and the final usage event gives its exact total at no cost to the server."""
-    per_chunk = client_cfg.get("usage_per_chunk", "auto")
+    per_chunk = settings.usage_per_chunk
     if per_chunk == "auto":
         per_chunk = cell.kind.cut_at_window_end
     return client.RequestOptions(
         max_tokens=cell.kind.request_max_tokens(cell),
-        stall_timeout_s=float(client_cfg.get("stall_timeout_s", 60.0)),
-        ignore_eos=bool(client_cfg.get("ignore_eos", False)),
+        stall_timeout_s=float(settings.stall_timeout_s),
+        ignore_eos=settings.ignore_eos,
         usage_per_chunk=bool(per_chunk),
-        stop_looping=bool(client_cfg.get("stop_looping", False)),
+        stop_looping=settings.stop_looping,
         loop_thresholds={k: v for k, v in (loop_cfg or {}).items() if k in loops.DEFAULTS},
         eos_text=eos_text,
-        api=client_cfg.get("api", "completions"),
-        chat_template_kwargs=client_cfg.get("chat_template_kwargs"),
+        api=settings.api,
+        chat_template_kwargs=settings.chat_template_kwargs,
     )
 
 
-async def measure(
-    cell: Cell,
-    url: str,
-    model: str,
-    client_cfg: dict[str, Any],
-    progress: Callable[[str], None] = print,
-    loop_cfg: dict[str, Any] | None = None,
-    eos_text: str | None = None,
-    gpu_env: dict[str, str] | None = None,
-    kv_tokens_fallback: int | None = None,
-    tokenizer_dir: str | None = None,
-) -> tuple[dict[str, Any], list[client.RequestRecord]]:
-    """Measure one cell against a running server: (result, per-request records).
+@dataclass
+class MeasureInput:
+    """Where and how one cell is measured (the cell itself aside): the server, the client's settings,
+    and what the run knows of the server (its model's end-of-text text, GPUs, KV cache, tokenizer)."""
 
-    Where NVML answers, the server's GPUs (``gpu_env``'s CUDA_VISIBLE_DEVICES,
-    else all) are sampled while the cell's requests run (speedmatrix.telemetry).
+    url: str
+    model: str  # the served model name
+    client: ClientSettings
+    loops: dict[str, Any] | None = None  # the loop thresholds (client.stop_looping ends requests under them)
+    eos_text: str | None = None
+    gpu_env: dict[str, str] | None = None  # its CUDA_VISIBLE_DEVICES: the GPUs the telemetry samples
+    kv_tokens_fallback: int | None = None  # the KV cache size the server logged, where /metrics lacks it
+    tokenizer_dir: str | None = None  # the model's files: prompts wanted in a window are made here
+    progress: Callable[[str], None] = print
 
-    Server counters are scraped before and after (and between the passes of a
-    prefix-cache cell); against a server without vLLM's metrics every counter
-    field is recorded as absent (None) and the cell still runs.
-    """
-    seed = int(client_cfg.get("seed", 0))
-    opts = request_options(cell, client_cfg, loop_cfg, eos_text)
-    ignore_eos = opts.ignore_eos
-    busy_wait_s = float(client_cfg.get("busy_wait_s", 30.0))
-    prompt_format = client_cfg.get("prompt_format", "text")
-    nonce = secrets.token_hex(4)
-    # this session stays open through the measurement: it builds text prompts a decode cell needs late
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60),
-                                     connector=aiohttp.TCPConnector(keepalive_timeout=SESSION_KEEPALIVE_S)) as session:
-        before_raw = await _scrape(session, url)
-        kv = metrics.cache_info(before_raw)["kv_cache_size_tokens"] or kv_tokens_fallback
-        need = needed_kv_tokens(cell)
-        base: dict[str, Any] = {
-            "kv_cache_size_tokens": kv,
-            "needed_kv_tokens": need,
-            "server_metrics": "present" if before_raw else "absent",
-            "ignore_eos": ignore_eos,
-            "usage_per_chunk": opts.usage_per_chunk,
-            "stop_looping": opts.stop_looping,
-            "prompt_format": prompt_format,
-            "api": opts.api,
-            "chat_template_kwargs": opts.chat_template_kwargs,
-            "prompt_seed": seed,
-            "prompt_nonce": nonce,
-        }
-        if kv is not None and need > kv:
-            progress(f"over capacity: needs {need} KV tokens, the server has {kv}; not sent")
-            return {**base, "status": "over_capacity"}, []
-        before_raw = await wait_until_idle(session, url, busy_wait_s, progress)
-        source = await prompts.from_server(session, url, model, seed=seed, kind=cell.corpus, nonce=nonce,
-                                           headers=client.auth_headers())
-        aligner = (prompts.TextAligner(session, url, model, client.auth_headers())
-                   if prompt_format == "text" else None)
 
-        async def build(id_lists: list[list[int]]) -> list:
-            """The prompts as sent: text checked by the server's tokenizer, or the ids themselves."""
-            return await aligner.many(id_lists, source.corpus_ids[:256]) if aligner else id_lists
+class _Prompts:
+    """A cell's prompts: cut from the corpus the server's tokenizer reads, made exact as text by the
+    server (``build``), and while a window measures by the local tokenizer instead (``in_window``,
+    counting the calls the server had to make where there is none)."""
 
+    def __init__(self, session: aiohttp.ClientSession, cell: Cell, inp: MeasureInput, seed: int, nonce: str) -> None:
+        self.session, self.cell, self.inp, self.seed, self.nonce = session, cell, inp, seed, nonce
+        self.server_calls_in_window = 0
+        self.local = None
+
+    async def open(self) -> _Prompts:
+        inp, cell = self.inp, self.cell
+        self.source = await prompts.from_server(self.session, inp.url, inp.model, seed=self.seed, kind=cell.corpus,
+                                                nonce=self.nonce, headers=client.auth_headers())
+        self.aligner = (prompts.TextAligner(self.session, inp.url, inp.model, client.auth_headers())
+                        if inp.client.prompt_format == "text" else None)
         # prompts wanted while a window measures are made with the model's tokenizer on this machine,
         # never with calls to the server being measured (checked against the server's count first)
-        local = prompts.local_aligner(tokenizer_dir) if aligner else None
+        local = prompts.local_aligner(inp.tokenizer_dir) if self.aligner else None
         if local is not None:
-            sample = await local.many([source.prompt(i, cell.context_tokens, "check") for i in range(2)],
-                                      source.corpus_ids[:256])
-            if not await local.agrees_with(aligner, sample):
-                progress("the local tokenizer counts prompts differently from the server's: decode prompts are "
-                         "built ahead by the server only")
+            sample = await local.many([self.source.prompt(i, cell.context_tokens, "check") for i in range(2)],
+                                      self.source.corpus_ids[:256])
+            if not await local.agrees_with(self.aligner, sample):
+                inp.progress("the local tokenizer counts prompts differently from the server's: decode prompts "
+                             "are built ahead by the server only")
                 local = None
-        in_window = {"server_calls": 0}
+        self.local = local
+        return self
 
-        async def build_in_window(id_lists: list[list[int]]) -> list:
-            """Prompts wanted while a window measures: local where the tokenizer is here, else the server's
-            (counted: the cell says how many it had to make that way)."""
-            if local is not None:
-                return await local.many(id_lists, source.corpus_ids[:256])
-            if aligner is not None:
-                in_window["server_calls"] += len(id_lists)
-            return await build(id_lists)
+    async def build(self, id_lists: list[list[int]]) -> list:
+        """The prompts as sent: text checked by the server's tokenizer, or the ids themselves."""
+        return await self.aligner.many(id_lists, self.source.corpus_ids[:256]) if self.aligner else id_lists
 
-        sampler = GaugeSampler(url, float(client_cfg.get("metrics_interval_s", 0)))
-        gpu = telemetry.Sampler(env=gpu_env)  # no NVML (the CPU default): samples nothing, returns None
-        gpu.start()
-        try:
-            per_repeat, per_passes, records = [], [], []
-            t_wall = None
-            for k in range(1, cell.repeats + 1):
-                if k > 1:  # the previous repeat's requests have drained (a cut decode request is aborted)
-                    await wait_until_idle(session, url, busy_wait_s, progress)
-                    progress(f"repeat {k} of {cell.repeats}")
-                run = CellRun(cell, url, model, opts, source, build, before_raw, client_cfg, progress,
-                              scrape=lambda: _counters(url), repeat=k, build_in_window=build_in_window,
-                              kv_tokens=kv)
-                prepared = await cell.kind.prepare(run)  # prompts are built before the clock starts
-                if t_wall is None:
-                    t_wall = time.time()
-                    sampler.start()
-                measured = await cell.kind.measure(run, prepared)
-                for r in measured.records:  # request indices stay unique over the cell's repeats
-                    r.index += len(records)
-                    r.repeat = k
-                records += measured.records
-                per_repeat.append(measured.figures)
-                if measured.passes:
-                    per_passes.append(measured.passes)
-            figures = stats.combine(per_repeat)
-            passes = {ph: stats.combine([p[ph] for p in per_passes]) for ph in per_passes[0]} if per_passes else {}
-            if cell.repeats > 1:
-                figures["repeat_figures"] = per_repeat  # each repeat's own figures, in order
-        except BaseException:
-            gpu.stop()
-            raise
-        gpu_summary = gpu.stop(figures.get("total_output_tokens"))
-    gauges = await sampler.stop()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        # every request of the cell has ended on the client; the server must drain too (a request cut
-        # at a decode window's end is aborted within moments); still busy means someone else's requests
-        after_raw = await wait_until_idle(session, url, busy_wait_s, progress)
-    counters = metrics.delta(metrics.snapshot(before_raw), metrics.snapshot(after_raw))
-    received = sum(r.output_tokens for r in records)
-    gen = counters.get("server_generation_tokens")
-    gap = None if gen is None else gen - received
-    base["prompt_builder"] = ("local tokenizer" if local is not None else
-                              "server" if aligner is not None else "token ids")
-    base["prompts_built_by_server_in_window"] = in_window["server_calls"]
-    if in_window["server_calls"]:
-        progress(f"{in_window['server_calls']} prompts were made by the server while a window measured (no "
-                 "local tokenizer): the server did that work on top of the cell's")
-    if aligner and aligner.fallbacks:
-        progress(f"{aligner.fallbacks} prompt(s) could not be made exact as text and were sent as token ids")
-    base["prompts_sent_as_token_ids"] = sum(1 for r in records if r.prompt_format == "token_ids")
-    base["loops_seen_online"] = sum(1 for r in records if r.loop_detected_at_token is not None)
-    base["requests_stopped_for_loop"] = sum(1 for r in records if r.stopped_for_loop)
-    finished = counters.get("server_requests_finished")  # the whole cell's, both passes of a prefix-cache cell
-    if passes:  # a prefix-cache cell's headline figures are its warm pass's
-        counters.update({k: passes["warm"][k] for k in metrics.DELTA_KEYS})
+    async def in_window(self, id_lists: list[list[int]]) -> list:
+        """Prompts wanted while a window measures: local where the tokenizer is here, else the server's
+        (counted: the cell says how many it had to make that way)."""
+        if self.local is not None:
+            return await self.local.many(id_lists, self.source.corpus_ids[:256])
+        if self.aligner is not None:
+            self.server_calls_in_window += len(id_lists)
+        return await self.build(id_lists)
+
+    def provenance(self, records: list[client.RequestRecord]) -> dict[str, Any]:
+        """How the prompts were made, for the result; said in the log where it matters."""
+        if self.server_calls_in_window:
+            self.inp.progress(f"{self.server_calls_in_window} prompts were made by the server while a window "
+                              "measured (no local tokenizer): the server did that work on top of the cell's")
+        if self.aligner and self.aligner.fallbacks:
+            self.inp.progress(f"{self.aligner.fallbacks} prompt(s) could not be made exact as text and were sent "
+                              "as token ids")
+        return {
+            "prompt_builder": ("local tokenizer" if self.local is not None else
+                               "server" if self.aligner is not None else "token ids"),
+            "prompts_built_by_server_in_window": self.server_calls_in_window,
+            "prompts_sent_as_token_ids": sum(1 for r in records if r.prompt_format == "token_ids"),
+        }
+
+
+async def _repeats(session: aiohttp.ClientSession, cell: Cell, inp: MeasureInput, opts: client.RequestOptions,
+                   made: _Prompts, before_raw: dict[str, Any], kv: int | None, sampler: GaugeSampler) -> tuple:
+    """The cell's repeats, one after another: (figures combined, passes combined, records, wall-clock start)."""
+    per_repeat, per_passes, records = [], [], []
+    t_wall = None
+    busy_wait_s = float(inp.client.busy_wait_s)
+    for k in range(1, cell.repeats + 1):
+        if k > 1:  # the previous repeat's requests have drained (a cut decode request is aborted)
+            await wait_until_idle(session, inp.url, busy_wait_s, inp.progress)
+            inp.progress(f"repeat {k} of {cell.repeats}")
+        run = CellRun(cell, inp.url, inp.model, opts, made.source, made.build, before_raw, inp.client, inp.progress,
+                      scrape=lambda: _counters(inp.url), repeat=k, build_in_window=made.in_window, kv_tokens=kv)
+        prepared = await cell.kind.prepare(run)  # prompts are built before the clock starts
+        if t_wall is None:
+            t_wall = time.time()
+            sampler.start()
+        measured = await cell.kind.measure(run, prepared)
+        for r in measured.records:  # request indices stay unique over the cell's repeats
+            r.index += len(records)
+            r.repeat = k
+        records += measured.records
+        per_repeat.append(measured.figures)
+        if measured.passes:
+            per_passes.append(measured.passes)
+    figures = stats.combine(per_repeat)
+    passes = {ph: stats.combine([p[ph] for p in per_passes]) for ph in per_passes[0]} if per_passes else {}
+    if cell.repeats > 1:
+        figures["repeat_figures"] = per_repeat  # each repeat's own figures, in order
+    return figures, passes, records, t_wall
+
+
+def _check(cell: Cell, url: str, records: list[client.RequestRecord], finished: float | None,
+           gauges: dict[str, Any]) -> None:
+    """CellError where the figures would not be this cell's: nothing sent, most requests failed, or the
+    server served requests that were not the cell's while it measured."""
     n = len(records)
     failed = sum(1 for r in records if r.error)
     if n == 0:
@@ -303,6 +278,66 @@ async def measure(
             f"{finished if finished is None else int(finished)} requests, the cell sent {n}; most running at once "
             f"{peak if peak is None else int(peak)}, the cell's concurrency {cell.concurrency}): the figures "
             "are not this cell's. Give the benchmark the server to itself and run again.")
+
+
+def _asked(opts: client.RequestOptions, settings: ClientSettings, nonce: str) -> dict[str, Any]:
+    """What the cell's requests asked for, as its result records it."""
+    return {"ignore_eos": opts.ignore_eos, "usage_per_chunk": opts.usage_per_chunk, "stop_looping": opts.stop_looping,
+            "prompt_format": settings.prompt_format, "api": opts.api,
+            "chat_template_kwargs": opts.chat_template_kwargs, "prompt_seed": settings.seed, "prompt_nonce": nonce}
+
+
+async def measure(cell: Cell, inp: MeasureInput) -> tuple[dict[str, Any], list[client.RequestRecord]]:
+    """Measure one cell against a running server: (result, per-request records).
+
+    Where NVML answers, the server's GPUs (``inp.gpu_env``'s CUDA_VISIBLE_DEVICES,
+    else all) are sampled while the cell's requests run (speedmatrix.telemetry).
+
+    Server counters are scraped before and after (and between the passes of a
+    prefix-cache cell); against a server without vLLM's metrics every counter
+    field is recorded as absent (None) and the cell still runs.
+    """
+    settings, url, progress = inp.client, inp.url, inp.progress
+    opts = request_options(cell, settings, inp.loops, inp.eos_text)
+    busy_wait_s = float(settings.busy_wait_s)
+    nonce = secrets.token_hex(4)
+    # this session stays open through the measurement: it builds text prompts a decode cell needs late
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60),
+                                     connector=aiohttp.TCPConnector(keepalive_timeout=SESSION_KEEPALIVE_S)) as session:
+        before_raw = await _scrape(session, url)
+        kv = metrics.cache_info(before_raw)["kv_cache_size_tokens"] or inp.kv_tokens_fallback
+        need = needed_kv_tokens(cell)
+        base = _asked(opts, settings, nonce) | {"kv_cache_size_tokens": kv, "needed_kv_tokens": need,
+                                                "server_metrics": "present" if before_raw else "absent"}
+        if kv is not None and need > kv:
+            progress(f"over capacity: needs {need} KV tokens, the server has {kv}; not sent")
+            return {**base, "status": "over_capacity"}, []
+        before_raw = await wait_until_idle(session, url, busy_wait_s, progress)
+        made = await _Prompts(session, cell, inp, settings.seed, nonce).open()
+        sampler = GaugeSampler(url, float(settings.metrics_interval_s))
+        gpu = telemetry.Sampler(env=inp.gpu_env)  # no NVML (the CPU default): samples nothing, returns None
+        gpu.start()
+        try:
+            figures, passes, records, t_wall = await _repeats(session, cell, inp, opts, made, before_raw, kv, sampler)
+        except BaseException:
+            gpu.stop()
+            raise
+        gpu_summary = gpu.stop(figures.get("total_output_tokens"))
+    gauges = await sampler.stop()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        # every request of the cell has ended on the client; the server must drain too (a request cut
+        # at a decode window's end is aborted within moments); still busy means someone else's requests
+        after_raw = await wait_until_idle(session, url, busy_wait_s, progress)
+    counters = metrics.delta(metrics.snapshot(before_raw), metrics.snapshot(after_raw))
+    received = sum(r.output_tokens for r in records)
+    gen = counters.get("server_generation_tokens")
+    base.update(made.provenance(records))
+    base["loops_seen_online"] = sum(1 for r in records if r.loop_detected_at_token is not None)
+    base["requests_stopped_for_loop"] = sum(1 for r in records if r.stopped_for_loop)
+    finished = counters.get("server_requests_finished")  # the whole cell's, both passes of a prefix-cache cell
+    if passes:  # a prefix-cache cell's headline figures are its warm pass's
+        counters.update({k: passes["warm"][k] for k in metrics.DELTA_KEYS})
+    _check(cell, url, records, finished, gauges)
     result = {
         **base,
         "status": "valid",
@@ -314,7 +349,7 @@ async def measure(
         # every token the client received (a decode cell's window counts fewer), and what the server
         # counted: equal for cells whose requests all run to their end
         "client_output_tokens": received,
-        "token_count_gap": gap,
+        "token_count_gap": None if gen is None else gen - received,
     }
     if gpu_summary:
         per_gpu = gpu_summary.pop("per_gpu")
@@ -372,9 +407,9 @@ def write(cell_json: str, requests_parquet: str, result: dict[str, Any], records
     atomic.write_json(cell_json, result)
 
 
-def measurement_key(cell: Cell, launch: dict[str, Any], lock: dict[str, Any], client_cfg: dict[str, Any],
-                    loop_cfg: dict[str, Any] | None = None) -> str:
-    """What a measurement depends on: the cell, the exact server launch, the runtime, the client settings."""
+def measurement_key(cell: Cell, launch: dict[str, Any], lock: dict[str, Any], measured_with: dict[str, Any]) -> str:
+    """What a measurement depends on: the cell, the exact server launch, the runtime, and the client
+    settings and loop thresholds that shape it (``Experiment.measured_with``)."""
     basis = {
         "cell": cell.as_dict(),
         "argv": launch["argv"],
@@ -382,9 +417,7 @@ def measurement_key(cell: Cell, launch: dict[str, Any], lock: dict[str, Any], cl
         "models": launch["models"],
         "packages_sha256": lock.get("packages_sha256"),
         "runtime_ref": lock.get("runtime_ref"),  # a container image's digest
-        "client": client_cfg,
-        # with stop_looping the loop thresholds decide when a request ends: part of the measurement
-        "loops": loop_cfg if client_cfg.get("stop_looping") else None,
+        **measured_with,
     }
     return hashlib.sha256(json.dumps(basis, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
@@ -426,7 +459,7 @@ def run(job: JobContext, cell_id: str, out_json: str, out_requests: str) -> dict
     progress = print
     progress(f"cell {server_id}/{cell_id}: {cell.as_dict()}")
     job.use_api_key()
-    key = measurement_key(cell, launch, job.lock, exp.client, exp.loops)
+    key = measurement_key(cell, launch, job.lock, exp.measured_with)
     stored_json, stored_requests = store_paths(job.results, server_id, cell_id, key)
     if restore(stored_json, stored_requests, out_json, out_requests):
         doc = atomic.read_json(out_json)
@@ -437,9 +470,10 @@ def run(job: JobContext, cell_id: str, out_json: str, out_requests: str) -> dict
         startup = info["startup"]
         progress(f"server {server_id} start {startup['start_id']} at {info['url']} "
                  f"(KV cache {startup.get('kv_cache_size_tokens')} tokens)")
-        result, records = asyncio.run(measure(cell, info["url"], launch["served_model_name"], exp.client, progress,
-                                              exp.loops, launch.get("eos_text"), gpu_env(launch, info),
-                                              startup.get("kv_cache_size_tokens"), launch.get("model_dir")))
+        inp = MeasureInput(info["url"], launch["served_model_name"], exp.client, exp.loops, launch.get("eos_text"),
+                           gpu_env(launch, info), startup.get("kv_cache_size_tokens"), launch.get("model_dir"),
+                           progress)
+        result, records = asyncio.run(measure(cell, inp))
         if result.get("failed"):
             # requests failed: keep the cell only if its server is still the same healthy server
             # (a killed server closes its sockets while it is still exiting, so look twice)
@@ -455,7 +489,7 @@ def run(job: JobContext, cell_id: str, out_json: str, out_requests: str) -> dict
         "server": {"server_id": server_id, "model": launch["model"], "spec_tokens": launch["spec_tokens"],
                    "served_model_name": launch["served_model_name"], "sweep": launch.get("sweep"),
                    "sweep_values": launch.get("sweep_values") or {}},
-        "client": exp.client,
+        "client": exp.client.as_dict(),
         "result": result,
         "provenance": job.provenance(startup),
     }

@@ -370,7 +370,7 @@ CHARTS = [
     Chart("prefix", "Prefix cache cold against warm", prefix_data, prefix_cache, "no prefix-cache cells",
           kind="prefix_cache", applies=lambda exp: "prefix_cache" in _kinds_in(exp)),
     Chart("gpu", "GPU power and energy per token", gpu_data, gpu_telemetry,
-          "no GPU telemetry (NVML absent: CPU run)", applies=lambda exp: exp.runtime.get("device", "gpu") != "cpu"),
+          "no GPU telemetry (NVML absent: CPU run)", applies=lambda exp: exp.runtime["device"] != "cpu"),
     Chart("pareto", "Pareto frontier", pareto_data, pareto, "no valid capacity or decode cells",
           applies=_throughput_cells),
     Chart("timeline", "Request timeline", timeline_data, timeline, "no valid capacity or decode cells",

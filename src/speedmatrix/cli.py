@@ -12,6 +12,7 @@ import aiohttp
 
 from . import __version__, workloads
 from .errors import SpeedmatrixError
+from .settings import ClientSettings, section_defaults
 
 EPILOG = """\
 The whole pipeline runs through Snakemake (`make run`, or
@@ -20,7 +21,7 @@ these subcommands are the pieces a user wants by hand.
 """
 
 
-def cmd_bench(ns: argparse.Namespace) -> int:
+def cmd_measure(ns: argparse.Namespace) -> int:
     from . import atomic, cells
 
     target = {k: v for k, v in (("preset", ns.slo_preset), ("ttft_ms", ns.slo_ttft_ms), ("tpot_ms", ns.slo_tpot_ms),
@@ -30,23 +31,23 @@ def cmd_bench(ns: argparse.Namespace) -> int:
                                                       ns.duration, ns.shared_prefix, ns.corpus, ns.repeats,
                                                       {**target, "margin": ns.slo_margin} if target else None)
     except (ValueError, SpeedmatrixError) as exc:
-        print(f"speedmatrix bench: {exc}", file=sys.stderr)
+        print(f"speedmatrix measure: {exc}", file=sys.stderr)
         return 2
-    client_cfg = {"stall_timeout_s": ns.stall_timeout, "ignore_eos": ns.ignore_eos, "seed": ns.seed,
-                  "busy_wait_s": ns.busy_wait,
-                  "usage_per_chunk": {"auto": "auto", "on": True, "off": False}[ns.usage_per_chunk],
-                  "prompt_format": ns.prompt_format, "stop_looping": ns.stop_looping, "api": ns.api}
-    if ns.no_thinking:
-        client_cfg["chat_template_kwargs"] = {"enable_thinking": False}
-    if ns.api == "chat" and ns.prompt_format != "text":
-        print("speedmatrix bench: --api chat takes text prompts (drop --prompt-format token_ids)", file=sys.stderr)
+    given = {"stall_timeout_s": ns.stall_timeout, "ignore_eos": ns.ignore_eos, "seed": ns.seed,
+             "busy_wait_s": ns.busy_wait, "prompt_format": ns.prompt_format, "stop_looping": ns.stop_looping,
+             "api": ns.api, "usage_per_chunk": {"auto": "auto", "on": True, "off": False}[ns.usage_per_chunk],
+             "chat_template_kwargs": {"enable_thinking": False} if ns.no_thinking else None}
+    settings = ClientSettings.from_config({k: v for k, v in given.items() if v is not None})
+    if settings.api == "chat" and settings.prompt_format != "text":
+        print("speedmatrix measure: --api chat takes text prompts (drop --prompt-format token_ids)", file=sys.stderr)
         return 2
-    result, records = asyncio.run(cells.measure(cell, ns.url.rstrip("/"), ns.model, client_cfg,
-                                                progress=lambda m: print(m, file=sys.stderr),
-                                                eos_text=ns.eos_text, tokenizer_dir=ns.tokenizer))
+    inp = cells.MeasureInput(ns.url.rstrip("/"), ns.model, settings, eos_text=ns.eos_text, tokenizer_dir=ns.tokenizer,
+                             progress=lambda m: print(m, file=sys.stderr))
+    result, records = asyncio.run(cells.measure(cell, inp))
     # vllm bench serve's keys (output_throughput, median_ttft_ms, ...) at the top level, as tools that read
     # its result files expect; what speedmatrix adds beside them
-    doc = {**result, "speedmatrix": {"cell": cell.as_dict(), "url": ns.url, "model": ns.model, "client": client_cfg}}
+    doc = {**result, "speedmatrix": {"cell": cell.as_dict(), "url": ns.url, "model": ns.model,
+                                     "client": settings.as_dict()}}
     atomic.write_json(ns.out, doc)
     if records:
         cells.request_table(records, {"cell_id": cell.id}).to_parquet(Path(ns.out).with_suffix(".requests.parquet"))
@@ -57,10 +58,8 @@ def cmd_bench(ns: argparse.Namespace) -> int:
 
 
 def cmd_agree(ns: argparse.Namespace) -> int:
-    import os
-
     from . import atomic, peers, reference
-    from .client import API_KEY_ENV
+    from .client import api_key
     from .report import sections, table
 
     names = [n for n in ns.clients.split(",") if n]
@@ -71,10 +70,9 @@ def cmd_agree(ns: argparse.Namespace) -> int:
         return 2
     cell = workloads.get("capacity").manual_cell(ns.context, ns.concurrency, ns.requests, ns.max_tokens,
                                                  None, None, "prose", 1, None)
-    client_cfg = {"ignore_eos": True, "stall_timeout_s": 300, "prompt_format": "text"}
-    api_key = os.environ.get(API_KEY_ENV) or os.environ.get("OPENAI_API_KEY") or None
+    client_cfg = ClientSettings.from_config({"ignore_eos": True, "stall_timeout_s": 300, "prompt_format": "text"})
     runs = reference.compare(cell, ns.url.rstrip("/"), ns.model, ns.tokenizer, client_cfg, names, settings,
-                             ns.rounds, api_key, progress=lambda m: print(m, file=sys.stderr))
+                             ns.rounds, api_key(), progress=lambda m: print(m, file=sys.stderr))
     doc = reference.document(cell, runs, server_id="-", url=ns.url, rounds=ns.rounds)
     atomic.write_json(ns.out, doc)
     print(table.markdown([sections.reference_table([doc])]))
@@ -100,13 +98,7 @@ def cmd_argv(ns: argparse.Namespace) -> int:
         print(f"# image not pinned yet ({lock_path} absent): shown as configured; the run uses its digest",
               file=sys.stderr)
     for srv in exp.servers:
-        revisions = {}
-        for name in [srv.model] + ([srv.speculative["model"]] if srv.speculative else []):
-            manifest = Path(ns.models_dir) / name / "speedmatrix-model.json"
-            if manifest.exists():
-                m = json.loads(manifest.read_text())
-                if m.get("source") == "huggingface":
-                    revisions[name] = m["revision"]
+        revisions = runtimes.pinned_revisions(srv, ns.models_dir)
         port = srv.port or runtimes.PORT_PLACEHOLDER
         argv = runtimes.launch_argv(exp, srv, ns.models_dir, port, revisions, image)
         print(f"{srv.id}\t{json.dumps(runtimes.redact_argv(argv))}")
@@ -147,6 +139,42 @@ def cmd_pareto(ns: argparse.Namespace) -> int:
     return 0
 
 
+def walltime_doc() -> str:
+    from . import walltime
+
+    return walltime.__doc__
+
+
+def interference_doc() -> str:
+    from . import interference
+
+    return interference.__doc__
+
+
+def cmd_walltime(ns: argparse.Namespace) -> int:
+    from . import walltime
+
+    if not (ns.run / "logs").is_dir():
+        print(f"speedmatrix walltime: {ns.run}: no logs/ folder (give results/<experiment> of a finished run)",
+              file=sys.stderr)
+        return 2
+    got = walltime.analyse(ns.run)
+    print(walltime.text(got))
+    if ns.out:
+        ns.out.write_text(json.dumps(got, indent=2) + "\n")
+    return 0
+
+
+def cmd_interference(ns: argparse.Namespace) -> int:
+    from . import interference
+
+    got = interference.compare(ns.alone, ns.beside, ns.again)
+    print(interference.markdown(got))
+    if ns.out:
+        interference.write(got, ns.out)
+    return 0
+
+
 def cmd_validate(ns: argparse.Namespace) -> int:
     from . import experiment
 
@@ -164,20 +192,16 @@ def cmd_list(ns: argparse.Namespace) -> int:
 
 
 def cmd_stop(ns: argparse.Namespace) -> int:
-    from . import server
+    from . import broker
 
-    n = server.stop_all(ns.results_dir)
+    n = broker.stop_all(ns.results_dir)
     print(f"stopped {n} server(s) under {ns.results_dir}")
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="speedmatrix", description="Reproducible LLM-serving benchmark matrices on "
-                                "vLLM.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"speedmatrix {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    b = sub.add_parser("bench", help="measure one cell against a running OpenAI-compatible server",
+def _add_measure(sub) -> None:
+    client_defaults = section_defaults("client")
+    b = sub.add_parser("measure", help="measure one cell against a running OpenAI-compatible server",
                        description="Measure one cell against a running server, with the code path the workflow "
                        "uses. An API key, if the server needs one, comes from SPEEDMATRIX_API_KEY or "
                        "OPENAI_API_KEY (never from the command line, so it stays out of shell history and logs).")
@@ -200,44 +224,48 @@ def build_parser() -> argparse.ArgumentParser:
                    "(code: the coding-shaped set)")
     b.add_argument("--duration", type=float, default=30.0, help="measurement window in seconds (decode)")
     b.add_argument("--max-tokens", type=int, default=4096, help="output cap per request")
-    b.add_argument("--ignore-eos", action="store_true", help="generate past the model's end (recorded)")
-    b.add_argument("--stall-timeout", type=float, default=60.0, help="end a request after this many seconds "
-                   "without a token")
-    b.add_argument("--seed", type=int, default=0, help="prompt selection seed")
-    b.add_argument("--eos-text", help="with --ignore-eos: the model's end-of-text token as text (e.g. <eos>), "
+    b.add_argument("--repeats", type=int, default=1, help="measure the cell this many times; the result gives "
+                   "the median, a 95 %% interval (Student's t) and the CV of the repeats")
+    b.add_argument("--out", required=True, help="result JSON (requests go beside it as .requests.parquet)")
+    b.set_defaults(func=cmd_measure)
+    c = b.add_argument_group("client settings (an experiment's client: block; defaults as there)")
+    c.add_argument("--ignore-eos", action="store_true", help="generate past the model's end (recorded)")
+    c.add_argument("--stall-timeout", type=float, help="end a request after this many seconds without a token "
+                   f"(default {client_defaults['stall_timeout_s']:g})")
+    c.add_argument("--seed", type=int, help=f"prompt selection seed (default {client_defaults['seed']})")
+    c.add_argument("--eos-text", help="with --ignore-eos: the model's end-of-text token as text (e.g. <eos>), "
                    "to record where the model had ended before it was forced on")
-    b.add_argument("--stop-looping", action="store_true", help="end a request as soon as its output loops "
+    c.add_argument("--stop-looping", action="store_true", help="end a request as soon as its output loops "
                    "(speedmatrix.loops thresholds; recorded per request)")
-    b.add_argument("--api", choices=["completions", "chat"], default="completions",
+    c.add_argument("--api", choices=["completions", "chat"], default=client_defaults["api"],
                    help="/v1/completions (the prompt verbatim) or /v1/chat/completions (the prompt as one user "
                    "message through the model's chat template)")
-    b.add_argument("--no-thinking", action="store_true",
+    c.add_argument("--no-thinking", action="store_true",
                    help="chat API: send chat_template_kwargs {enable_thinking: false} (seed 003's thinking off)")
-    b.add_argument("--prompt-format", choices=["text", "token_ids"], default="text",
+    c.add_argument("--prompt-format", choices=["text", "token_ids"], default=client_defaults["prompt_format"],
                    help="send prompts as text (checked by the server's /tokenize to be exactly --context tokens; "
                    "the server's tokenization is measured, as users see it) or as token ids")
-    b.add_argument("--usage-per-chunk", choices=["auto", "on", "off"], default="auto",
+    c.add_argument("--usage-per-chunk", choices=["auto", "on", "off"], default="auto",
                    help="ask for the token count in every streamed event (exact when an event carries several "
                    "tokens; costs the server per event); auto: only for decode, whose requests are cut at the "
                    "window's end")
-    b.add_argument("--tokenizer", metavar="DIR", help="the served model's directory (its tokenizer.json): "
+    c.add_argument("--tokenizer", metavar="DIR", help="the served model's directory (its tokenizer.json): "
                    "prompts a decode window needs while it measures are made here, not by the server being "
                    "measured (without it they come from the server, and the result counts them)")
-    b.add_argument("--repeats", type=int, default=1, help="measure the cell this many times; the result gives "
-                   "the median, a 95 %% interval (Student's t) and the CV of the repeats")
-    b.add_argument("--slo-preset", help="slo_search: an MLPerf server target (e.g. mlperf-llama3.1-8b-interactive; "
+    c.add_argument("--busy-wait", type=float, help="seconds to wait for a server busy with other requests to "
+                   f"drain before the cell fails (default {client_defaults['busy_wait_s']:g})")
+    t = b.add_argument_group("slo_search: the latency target")
+    t.add_argument("--slo-preset", help="an MLPerf server target (e.g. mlperf-llama3.1-8b-interactive; "
                    "speedmatrix.slo.PRESETS)")
-    b.add_argument("--slo-ttft-ms", type=float, help="slo_search: TTFT limit (ms)")
-    b.add_argument("--slo-tpot-ms", type=float, help="slo_search: time per output token limit (ms)")
-    b.add_argument("--slo-e2e-ms", type=float, help="slo_search: end-to-end latency limit (ms)")
-    b.add_argument("--slo-percentile", type=float, help="slo_search: the percentile the limits hold at (default 99)")
-    b.add_argument("--slo-margin", type=float, default=0.1, help="slo_search: a step whose percentile is this close "
-                   "to a limit (a fraction of it) is measured twice")
-    b.add_argument("--busy-wait", type=float, default=30.0, help="seconds to wait for a server busy with other "
-                   "requests to drain before the cell fails")
-    b.add_argument("--out", required=True, help="result JSON (requests go beside it as .requests.parquet)")
-    b.set_defaults(func=cmd_bench)
+    t.add_argument("--slo-ttft-ms", type=float, help="TTFT limit (ms)")
+    t.add_argument("--slo-tpot-ms", type=float, help="time per output token limit (ms)")
+    t.add_argument("--slo-e2e-ms", type=float, help="end-to-end latency limit (ms)")
+    t.add_argument("--slo-percentile", type=float, help="the percentile the limits hold at (default 99)")
+    t.add_argument("--slo-margin", type=float, default=0.1, help="a step whose percentile is this close to a "
+                   "limit (a fraction of it) is measured twice")
 
+
+def _add_agree(sub) -> None:
     ag = sub.add_parser(
         "agree", help="the same load measured by speedmatrix and by other clients, in rotating rounds",
         description="Measure one shape (N requests of --context prompt tokens, --max-tokens out with EOS ignored, "
@@ -260,10 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--out", required=True, help="every round, the medians and differences (JSON)")
     ag.set_defaults(func=cmd_agree)
 
-    lo = sub.add_parser("loops", help="loop verdict for text files, one JSON line each")
-    lo.add_argument("files", nargs="+")
-    lo.set_defaults(func=cmd_loops)
 
+def _add_experiment_commands(sub) -> None:
     for name, func, text in (
         ("argv", cmd_argv, "print each server config's id, a tab, and its launch argv as a JSON list (the docker "
          "or apptainer command included): exactly what the workflow runs. The image digest and model revisions "
@@ -277,7 +303,18 @@ def build_parser() -> argparse.ArgumentParser:
         a.add_argument("--models-dir", default="resources/models")
         a.add_argument("--results-dir", default="results")
         a.set_defaults(func=func)
+    ls = sub.add_parser("experiments", help="list the experiments in config/experiments")
+    ls.add_argument("--experiments-dir", default="config/experiments")
+    ls.set_defaults(func=cmd_list)
+    st = sub.add_parser("stop", help="stop every server the workflow brought up under a results dir")
+    st.add_argument("--results-dir", default="results")
+    st.set_defaults(func=cmd_stop)
+    lo = sub.add_parser("loops", help="loop verdict for text files, one JSON line each")
+    lo.add_argument("files", nargs="+")
+    lo.set_defaults(func=cmd_loops)
 
+
+def _add_comparisons(sub) -> None:
     c = sub.add_parser("compare", help="compare two runs cell by cell (table with changes, and a chart)",
                        description="Compare two runs cell by cell: each figure (output tok/s, median and p95 TTFT) "
                        "for A and B with B's change against A, like seed 003's matched comparison. A run is a "
@@ -304,6 +341,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "pareto.png here")
     pa.set_defaults(func=cmd_pareto)
 
+    it = sub.add_parser(
+        "interference", help="what measuring side by side on a GPU pool changed, cell by cell",
+        description=interference_doc())
+    it.add_argument("alone", type=Path, help="results/<experiment> of a run whose cells measured alone")
+    it.add_argument("beside", type=Path, help="results/<experiment> of the same experiment on a pool")
+    it.add_argument("--again", type=Path, help="a second lone run: the run-to-run spread to compare against")
+    it.add_argument("--out", type=Path, help="write interference.md and interference.json here")
+    it.set_defaults(func=cmd_interference)
+
+
+def _add_run_commands(sub) -> None:
     rd = sub.add_parser(
         "rederive", help="a run's loop verdicts, matrix, decisions and report again from its cell files",
         description="For a results folder copied back from another machine, or to judge a run under another loop "
@@ -319,13 +367,24 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("--captions", help="the charts' captions folder (docs/captions in a checkout)")
     rd.set_defaults(func=cmd_rederive)
 
-    ls = sub.add_parser("experiments", help="list the experiments in config/experiments")
-    ls.add_argument("--experiments-dir", default="config/experiments")
-    ls.set_defaults(func=cmd_list)
+    wt = sub.add_parser(
+        "walltime", help="where a finished run's wall time went: server start-ups, measurement windows, the rest",
+        description=walltime_doc(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    wt.add_argument("run", type=Path, help="a finished run's folder, results/<experiment>")
+    wt.add_argument("--out", type=Path, help="also write the figures as JSON here")
+    wt.set_defaults(func=cmd_walltime)
 
-    st = sub.add_parser("stop", help="stop every server the workflow brought up under a results dir")
-    st.add_argument("--results-dir", default="results")
-    st.set_defaults(func=cmd_stop)
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="speedmatrix", description="Reproducible LLM-serving benchmark matrices on "
+                                "vLLM.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"speedmatrix {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_measure(sub)
+    _add_agree(sub)
+    _add_experiment_commands(sub)
+    _add_comparisons(sub)
+    _add_run_commands(sub)
     return p
 
 

@@ -25,11 +25,28 @@ import msgspec
 from .loops import OnlineWatch
 
 API_KEY_ENV = "SPEEDMATRIX_API_KEY"
+# where a client finds the server's key, in order: speedmatrix's own variable, then the OpenAI clients' one
+API_KEY_SOURCES = (API_KEY_ENV, "OPENAI_API_KEY")
+
+
+def api_key() -> str | None:
+    """The key the server wants, from the environment only (never argv, a file or a log)."""
+    for name in API_KEY_SOURCES:
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
 
 
 def auth_headers() -> dict[str, str]:
-    key = os.environ.get(API_KEY_ENV) or os.environ.get("OPENAI_API_KEY")
+    key = api_key()
     return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def sampling_body(ignore_eos: bool) -> dict[str, Any]:
+    """What every request of a measurement asks of the sampler, whichever client sends it: greedy, and
+    with ``ignore_eos`` special tokens kept as text (every token streamed has text: random weights can
+    emit nothing but special tokens)."""
+    return {"temperature": 0, "ignore_eos": ignore_eos, **({"skip_special_tokens": False} if ignore_eos else {})}
 
 
 class _Delta(msgspec.Struct):
@@ -92,7 +109,7 @@ class RequestOptions:
         return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
 
     def payload(self, model: str, prompt: list[int] | str) -> dict[str, Any]:
-        extra: dict[str, Any] = {"skip_special_tokens": False} if self.ignore_eos else {}
+        extra: dict[str, Any] = {}
         if self.api == "chat":
             if not isinstance(prompt, str):
                 raise ValueError("the chat API takes text prompts (client.prompt_format: text)")
@@ -105,10 +122,9 @@ class RequestOptions:
             **extra,
             "model": model,
             "max_tokens": self.max_tokens,
-            "temperature": 0.0,
+            **sampling_body(self.ignore_eos),
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": self.usage_per_chunk},
-            "ignore_eos": self.ignore_eos,
         }
 
 
@@ -148,6 +164,109 @@ class RequestRecord:
         return asdict(self)
 
 
+class _Decoder:
+    """A stream's events into its record: text, tokens per event (the server's running count when it
+    sends one, else one per event with text) and the finish reason; ``feed`` says when the stream ends."""
+
+    __slots__ = ("record", "last_usage", "held_chars", "parts")
+
+    def __init__(self, record: RequestRecord) -> None:
+        self.record = record
+        self.last_usage = 0
+        self.held_chars = 0  # text of events that brought no token yet (joins the next counted event)
+        self.parts: list[str] = []  # joined once at the end (appending to an attribute copies the text)
+
+    def feed(self, events: list[bytes], arrived: float) -> bool:
+        """Take the whole events that arrived at ``arrived``; True when the stream has ended
+        ([DONE], a malformed event or an error event: ``record.error`` says which)."""
+        record = self.record
+        for event in events:
+            line = event.strip()
+            if not line.startswith(b"data:"):
+                continue
+            body = line[5:].strip()
+            if body == b"[DONE]":
+                return True
+            try:
+                msg = _decode_event(body)
+            except msgspec.DecodeError:
+                record.error = f"malformed event: {body[:120]!r}"
+                return True
+            if msg.error is not None:
+                record.error = f"server error event: {str(msg.error)[:200]}"
+                return True
+            usage = msg.usage.completion_tokens if msg.usage is not None else None
+            if not msg.choices:
+                if usage is not None:  # the final usage event: the request's exact total
+                    _reconcile(record, usage)
+                    record.server_prompt_tokens = msg.usage.prompt_tokens
+                continue
+            choice = msg.choices[0]
+            text = choice.text
+            if choice.delta is not None:  # chat: the answer, or the model's thinking (a token too)
+                d = choice.delta
+                text = d.content or d.reasoning or d.reasoning_content
+            if usage is not None:
+                n = usage - self.last_usage
+                self.last_usage = usage
+            else:
+                # a completions event carries at least one token (the final usage corrects the count);
+                # a chat event without text (the opening role event, a closing event) carries none
+                n = 1 if (text or choice.delta is None) else 0
+            if text:
+                self.parts.append(text)
+            if n > 0:
+                if record.first_token is None:
+                    record.first_token = arrived
+                record.chunk_times.append(arrived)
+                record.chunk_tokens.append(n)
+                record.chunk_chars.append(self.held_chars + len(text or ""))
+                self.held_chars = 0
+            elif text:
+                self.held_chars += len(text)
+            if choice.finish_reason:
+                record.finish_reason = choice.finish_reason
+        return False
+
+
+async def _read(resp: aiohttp.ClientResponse, record: RequestRecord, stall_timeout_s: float,
+                deadline: float | None) -> bytes | None:
+    """The next bytes of the stream; None when reading ends here: the window's deadline passed
+    (``cut_at_window_end``), nothing came for ``stall_timeout_s`` or the stream closed (``error``)."""
+    timeout = stall_timeout_s
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            record.cut_at_window_end = True
+            return None
+        timeout = min(timeout, left)
+    try:
+        # asyncio.timeout, not wait_for: no task per read (the client's cost per chunk matters)
+        async with asyncio.timeout(timeout):
+            data = await resp.content.readany()
+    except TimeoutError:
+        if deadline is not None and time.monotonic() >= deadline:
+            record.cut_at_window_end = True
+        else:
+            record.error = f"stalled: no data for {stall_timeout_s:g} s"
+        return None
+    if not data:
+        if record.finish_reason is None:
+            record.error = "connection closed before the stream finished"
+        return None
+    return data
+
+
+async def _refused(resp: aiohttp.ClientResponse) -> str | None:
+    """Why a response is not a stream to read (an HTTP error, another content type), else None."""
+    if resp.status != 200:
+        return f"HTTP {resp.status}: {(await resp.text())[:300]}"
+    if resp.content_type != "text/event-stream":
+        body = (await resp.text())[:200]
+        return f"unexpected content type {resp.content_type or '(none)'}: not a stream: {body!r}"
+    return None
+
+
 async def stream_completion(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -159,109 +278,32 @@ async def stream_completion(
     deadline: float | None = None,
     headers: dict[str, str] | None = None,
 ) -> RequestRecord:
-    """Stream one completion into ``record``; stop reading at ``deadline`` (monotonic)."""
-    payload = opts.payload(model, prompt)
-    stall_timeout_s = opts.stall_timeout_s
+    """Stream one completion into ``record``; stop reading at ``deadline`` (monotonic).
+
+    The HTTP call and the read loop are here; reading with the deadline and the stall timeout is
+    ``_read``, the events' decoding and token accounting ``_Decoder``, the loop watch
+    ``loops.OnlineWatch``."""
     watch = OnlineWatch(**opts.loop_thresholds) if opts.watch_loops else None
-    held_chars = 0  # text of events that brought no token yet (joins the next counted event)
-    now = time.monotonic
-    last_usage = 0
-    parts: list[str] = []  # joined once at the end (appending to an attribute copies the text every chunk)
+    decoder = _Decoder(record)
     try:
-        async with session.post(f"{base_url}{opts.path}", json=payload,
+        async with session.post(f"{base_url}{opts.path}", json=opts.payload(model, prompt),
                                 headers=auth_headers() if headers is None else headers) as resp:
-            if resp.status != 200:
-                body = (await resp.text())[:300]
-                record.error = f"HTTP {resp.status}: {body}"
-                return record
-            if resp.content_type != "text/event-stream":
-                body = (await resp.text())[:200]
-                record.error = f"unexpected content type {resp.content_type or '(none)'}: not a stream: {body!r}"
-                return record
+            record.error = await _refused(resp)
             buf = b""
-            while True:
-                timeout = stall_timeout_s
-                if deadline is not None:
-                    left = deadline - now()
-                    if left <= 0:
-                        record.cut_at_window_end = True
-                        break
-                    timeout = min(timeout, left)
-                try:
-                    # asyncio.timeout, not wait_for: no task per read (the client's cost per chunk matters)
-                    async with asyncio.timeout(timeout):
-                        data = await resp.content.readany()
-                except TimeoutError:
-                    if deadline is not None and now() >= deadline:
-                        record.cut_at_window_end = True
-                    else:
-                        record.error = f"stalled: no data for {stall_timeout_s:g} s"
+            while record.error is None:
+                data = await _read(resp, record, opts.stall_timeout_s, deadline)
+                if data is None:
                     break
-                if not data:
-                    if record.finish_reason is None:
-                        record.error = "connection closed before the stream finished"
-                    break
-                arrived = now() - t0
+                arrived = time.monotonic() - t0
                 if deadline is not None and arrived > deadline - t0:
                     # arrived after the window's end (the read raced the deadline): not part of the window,
                     # so a cut request's tokens are exactly those the window counts
                     record.cut_at_window_end = True
                     break
-                buf += data
-                done = False
-                *events, buf = buf.split(b"\n\n")  # one pass over what arrived (linear in its size)
-                for event in events:
-                    line = event.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    body = line[5:].strip()
-                    if body == b"[DONE]":
-                        done = True
-                        break
-                    try:
-                        msg = _decode_event(body)
-                    except msgspec.DecodeError:
-                        record.error = f"malformed event: {body[:120]!r}"
-                        done = True
-                        break
-                    if msg.error is not None:
-                        record.error = f"server error event: {str(msg.error)[:200]}"
-                        done = True
-                        break
-                    usage = msg.usage.completion_tokens if msg.usage is not None else None
-                    if not msg.choices:
-                        if usage is not None:  # the final usage event: the request's exact total
-                            _reconcile(record, usage)
-                            record.server_prompt_tokens = msg.usage.prompt_tokens
-                        continue
-                    choice = msg.choices[0]
-                    text = choice.text
-                    if choice.delta is not None:  # chat: the answer, or the model's thinking (a token too)
-                        d = choice.delta
-                        text = d.content or d.reasoning or d.reasoning_content
-                    if usage is not None:
-                        n = usage - last_usage
-                        last_usage = usage
-                    else:
-                        # a completions event carries at least one token (the final usage corrects the count);
-                        # a chat event without text (the opening role event, a closing event) carries none
-                        n = 1 if (text or choice.delta is None) else 0
-                    if text:
-                        parts.append(text)
-                    if n > 0:
-                        if record.first_token is None:
-                            record.first_token = arrived
-                        record.chunk_times.append(arrived)
-                        record.chunk_tokens.append(n)
-                        record.chunk_chars.append(held_chars + len(text or ""))
-                        held_chars = 0
-                    elif text:
-                        held_chars += len(text)
-                    if msg.choices and msg.choices[0].finish_reason:
-                        record.finish_reason = msg.choices[0].finish_reason
-                if done:
+                *events, buf = (buf + data).split(b"\n\n")  # one pass over what arrived (linear in its size)
+                if decoder.feed(events, arrived):
                     break
-                if watch is not None and len(parts) >= watch.next_at and watch.update(parts):
+                if watch is not None and len(decoder.parts) >= watch.next_at and watch.update(decoder.parts):
                     record.loop_detected_at_token = sum(record.chunk_tokens)
                     watch = None  # one verdict a stream
                     if opts.stop_looping:
@@ -271,8 +313,8 @@ async def stream_completion(
     except (aiohttp.ClientError, ConnectionError, OSError) as exc:
         record.error = f"connection error: {type(exc).__name__}: {exc}"[:300]
     finally:
-        record.end = now() - t0
-        record.text = "".join(parts)
+        record.end = time.monotonic() - t0
+        record.text = "".join(decoder.parts)
         if opts.ignore_eos and opts.eos_text:
             at = record.text.find(opts.eos_text)
             record.natural_end_char = at if at >= 0 else None

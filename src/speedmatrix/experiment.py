@@ -10,17 +10,18 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
 
+from . import settings
 from . import slo as sm_slo
 from . import workloads as sm_workloads
 from .errors import ConfigError
 from .models import PRESETS
+from .settings import ClientSettings
 from .workloads import Cell
 
 SERVER_KEYS = ("model", "served_model_name", "host", "port", "args", "env", "speculative", "startup_timeout_s",
@@ -28,11 +29,6 @@ SERVER_KEYS = ("model", "served_model_name", "host", "port", "args", "env", "spe
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_STARTUP_TIMEOUT_S = 900.0
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-def schema_path(name: str) -> Path:
-    """A JSON schema shipped in the package (data/schemas; the workflow's config/schemas links to it)."""
-    return Path(str(resources.files("speedmatrix") / "data" / "schemas" / f"{name}.schema.yaml"))
 
 
 def _key_path(path) -> str:
@@ -52,9 +48,7 @@ def _specific(err: jsonschema.ValidationError) -> jsonschema.ValidationError:
 
 
 def validate(data: Any, schema_name: str, source: str) -> None:
-    schema_path_name = schema_name
-    schema = yaml.safe_load(schema_path(schema_name).read_text())
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = jsonschema.Draft202012Validator(settings.schema(schema_name))
     errors = sorted((_specific(e) for e in validator.iter_errors(data)), key=lambda e: list(e.absolute_path))
     if not errors:
         return
@@ -73,7 +67,7 @@ def validate(data: Any, schema_name: str, source: str) -> None:
         lines.append(f"{source}: key '{where}': {err.message}")
     raise ConfigError(
         "invalid configuration (checked against "
-        f"{schema_path_name}.schema.yaml before anything starts):\n  " + "\n  ".join(lines)
+        f"{schema_name}.schema.yaml before anything starts):\n  " + "\n  ".join(lines)
     )
 
 
@@ -114,6 +108,11 @@ class ServerConfig:
         return 0 if self.device == "cpu" else self.parallel_size
 
     @property
+    def model_names(self) -> list[str]:
+        """The keys of ``models`` one server of this config loads: its model, then its drafter if any."""
+        return [self.model] + ([self.speculative["model"]] if self.speculative else [])
+
+    @property
     def spec_tokens(self) -> int:
         return int(self.speculative["num_speculative_tokens"]) if self.speculative else 0
 
@@ -142,20 +141,26 @@ def expand_block(server_id: str, kind: str, block: dict[str, Any], slos: dict[st
 class Experiment:
     name: str
     path: Path
-    raw: dict[str, Any]
+    raw: dict[str, Any]  # the file as loaded, with the schema's defaults filled in
     servers: list[ServerConfig] = field(default_factory=list)
+    client: ClientSettings = field(default_factory=ClientSettings.from_config)
 
     @property
     def models(self) -> dict[str, dict[str, Any]]:
         return self.raw["models"]
 
-    @property
-    def client(self) -> dict[str, Any]:
-        return self.raw.get("client", {})
 
     @property
     def loops(self) -> dict[str, Any]:
         return self.raw.get("loops", {})
+
+    @property
+    def measured_with(self) -> dict[str, Any]:
+        """What a measurement depends on besides its cell and its server's launch: the client settings, and
+        the loop thresholds when they end requests early (``client.stop_looping``). A change measures
+        the cells again (the cell rules' params; the durable store's key, speedmatrix.cells)."""
+        client = self.client
+        return {"client": client.as_dict(), "loops": self.loops if client.stop_looping else None}
 
     def server(self, server_id: str) -> ServerConfig:
         for s in self.servers:
@@ -183,7 +188,7 @@ class Experiment:
     @property
     def default_repeats(self) -> int:
         """Repeats of a cell whose block does not say: 3 on a GPU runtime, 1 on the CPU default."""
-        return 1 if self.runtime.get("device", "gpu") == "cpu" else 3
+        return 1 if self.runtime["device"] == "cpu" else 3
 
     def cells(self, server_id: str | None = None) -> list[Cell]:
         out: list[Cell] = []
@@ -256,10 +261,10 @@ def server_entries(raw: dict[str, Any]) -> list[tuple[str, dict[str, Any], str, 
     return out
 
 
-def _check_references(exp: dict[str, Any], source: str) -> None:
+def _check_servers(exp: dict[str, Any], entries: list, source: str) -> list[str]:
+    """Server ids unique and well formed; each config's models known; each with workloads."""
     models = exp["models"]
     problems = []
-    entries = server_entries(exp)
     if not entries:
         problems.append(f"{source}: key 'servers': no server config (give 'servers' or 'sweeps')")
     ids = [sid for sid, *_ in entries]
@@ -283,11 +288,16 @@ def _check_references(exp: dict[str, Any], source: str) -> None:
                 problems.append(
                     f"{source}: key '{where}.speculative.model': {spec['model']!r} is not a key of 'models'"
                 )
-        workloads = merged.get("workloads", exp.get("workloads"))
-        if not workloads:
+        if not merged.get("workloads", exp.get("workloads")):
             problems.append(f"{source}: key '{where}.workloads': server config {sid!r} has no workloads "
                             "(give top-level 'workloads' or its own)")
+    return problems
+
+
+def _check_slos(exp: dict[str, Any], entries: list, source: str) -> list[str]:
+    """Every latency target well formed, and every block's ``slo:`` one of them."""
     slos = exp.get("slos") or {}
+    problems = []
     for name, spec in slos.items():
         try:
             sm_slo.target(name, spec or {}, source)
@@ -298,44 +308,61 @@ def _check_references(exp: dict[str, Any], source: str) -> None:
             if "slo" in block and block["slo"] not in slos:
                 problems.append(f"{source}: key '{where}.workloads.{kind}.slo': {block['slo']!r} is not a key of "
                                 f"'slos' (known: {', '.join(slos) or 'none: add a slos block'})")
-    if problems:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
-    blocks_seen = set()
+    return problems
+
+
+def _check_cells(exp: dict[str, Any], entries: list, source: str) -> list[str]:
+    """No cell twice in one config's workloads; every reference cell one of the experiment's, of a kind
+    the other clients can measure."""
+    slos = exp.get("slos") or {}
+    problems = []
+    known: dict[str, Cell] = {}
+    seen_workloads = set()
     for _sid, merged, _where, _sweep in entries:
         workloads = merged.get("workloads", exp.get("workloads")) or {}
-        key = id(workloads)
-        if key in blocks_seen:
+        if id(workloads) in seen_workloads:
             continue
-        blocks_seen.add(key)
-        for kind, block in workload_blocks(workloads):
-            ids = [c.id for c in expand_block("x", kind, block, slos)]
-            if len(set(ids)) != len(ids):
-                problems.append(f"{source}: key 'workloads.{kind}': repeated values give the same cell twice")
-        seen = [c.id for kind, block in workload_blocks(workloads) for c in expand_block("x", kind, block, slos)]
+        seen_workloads.add(id(workloads))
+        per_block = [(kind, expand_block("x", kind, block, slos)) for kind, block in workload_blocks(workloads)]
+        repeated = [kind for kind, cells in per_block if len({c.id for c in cells}) != len(cells)]
+        problems += [f"{source}: key 'workloads.{kind}': repeated values give the same cell twice" for kind in repeated]
+        seen = [c.id for _kind, cells in per_block for c in cells]
         dup_cells = sorted({i for i in seen if seen.count(i) > 1})
-        if dup_cells and not any("repeated values" in p for p in problems):
+        if dup_cells and not repeated:
             problems.append(f"{source}: key 'workloads': two blocks give the same cells ({', '.join(dup_cells[:5])}); "
                             "give one of them another corpus or other contexts")
-    known = {c.id for _sid, merged, _w, _s in entries
-             for kind, block in workload_blocks(merged.get("workloads", exp.get("workloads")) or {})
-             for c in expand_block("x", kind, block, slos)}
+        known.update((c.id, c) for _kind, cells in per_block for c in cells)
     for cid in exp.get("reference", {}).get("cells", []):
         if cid not in known:
             problems.append(f"{source}: key 'reference.cells': no cell {cid!r} in this experiment")
-        elif not sm_workloads.get(cid.split("-ctx")[0]).reference:
+        elif not known[cid].kind.reference:
             kinds = [n for n in sm_workloads.names() if sm_workloads.get(n).reference]
             problems.append(f"{source}: key 'reference.cells': {cid!r} is not a {'/'.join(kinds)} cell (vllm bench "
                             "serve sends N requests at a concurrency, output capped)")
+    return problems
+
+
+def _check_client_and_models(exp: dict[str, Any], source: str) -> list[str]:
+    problems = []
     client_cfg = exp.get("client", {})
     if client_cfg.get("api") == "chat" and client_cfg.get("prompt_format") == "token_ids":
         problems.append(f"{source}: key 'client.prompt_format': the chat API takes text prompts "
                         "(set prompt_format: text or api: completions)")
-    for name, m in models.items():
+    for name, m in exp["models"].items():
         if "synthesize" in m and m["synthesize"] not in PRESETS:
             problems.append(
                 f"{source}: key 'models.{name}.synthesize': unknown preset {m['synthesize']!r} "
                 f"(known: {', '.join(sorted(PRESETS))})"
             )
+    return problems
+
+
+def _check_references(exp: dict[str, Any], source: str) -> None:
+    """What the schema cannot say: names that refer to other keys, ids, cells; every problem at once."""
+    entries = server_entries(exp)
+    problems = _check_servers(exp, entries, source) + _check_slos(exp, entries, source)
+    if not problems:  # the cells can be expanded only from known models, workloads and targets
+        problems = _check_cells(exp, entries, source) + _check_client_and_models(exp, source)
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
 
@@ -355,8 +382,9 @@ def load(name: str, experiments_dir: str | Path = "config/experiments") -> Exper
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: an experiment must be a mapping of keys, got {type(raw).__name__}")
     validate(raw, "experiment", str(path))
+    settings.apply_defaults(raw, settings.schema("experiment"), settings.schema("experiment"))
     _check_references(raw, str(path))
-    exp = Experiment(name=name, path=path, raw=raw)
+    exp = Experiment(name=name, path=path, raw=raw, client=ClientSettings.from_config(raw["client"]))
     for sid, merged, _where, sweep in server_entries(raw):
         exp.servers.append(
             ServerConfig(
@@ -369,7 +397,7 @@ def load(name: str, experiments_dir: str | Path = "config/experiments") -> Exper
                 env={k: str(v) for k, v in merged.get("env", {}).items()},
                 speculative=merged.get("speculative"),
                 startup_timeout_s=float(merged.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S)),
-                device=raw["runtime"].get("device", "gpu"),
+                device=raw["runtime"]["device"],
                 workloads=merged.get("workloads", raw.get("workloads", {})),
                 api_key_env=merged.get("api_key_env"),
                 sweep=sweep.get("sweep"),

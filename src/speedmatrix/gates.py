@@ -24,6 +24,7 @@ import requests
 
 from . import atomic, client
 from .job import JobContext
+from .settings import section_defaults
 
 GATES = ("smoke", "structured_json", "tool_calls")
 
@@ -62,7 +63,7 @@ def _choice(answer: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
 
 def smoke(url, model, headers, settings, chat_kwargs, timeout) -> dict[str, Any]:
     answer = _chat(url, model, headers, {"messages": [{"role": "user", "content": SMOKE_PROMPT}],
-                                         "max_tokens": settings.get("max_tokens", 512), **chat_kwargs}, timeout)
+                                         "max_tokens": settings["max_tokens"], **chat_kwargs}, timeout)
     if "error" in answer:
         return {"passed": False, "reason": answer["error"]}
     msg, finish = _choice(answer)
@@ -77,7 +78,7 @@ def smoke(url, model, headers, settings, chat_kwargs, timeout) -> dict[str, Any]
 
 
 def structured_json(url, model, headers, settings, chat_kwargs, timeout) -> dict[str, Any]:
-    body = {"messages": [{"role": "user", "content": JSON_PROMPT}], "max_tokens": settings.get("max_tokens", 512),
+    body = {"messages": [{"role": "user", "content": JSON_PROMPT}], "max_tokens": settings["max_tokens"],
             "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": JSON_SCHEMA}},
             **chat_kwargs}
     answer = _chat(url, model, headers, body, timeout)
@@ -96,13 +97,13 @@ def structured_json(url, model, headers, settings, chat_kwargs, timeout) -> dict
 
 
 def tool_calls(url, model, headers, settings, chat_kwargs, timeout) -> dict[str, Any]:
-    count = int(settings.get("count", 20))
+    count = int(settings["count"])
     ok, failures = 0, []
     for i in range(count):
         city = TOOL_CITIES[i % len(TOOL_CITIES)]
         body = {"messages": [{"role": "user", "content": f"What is the weather in {city} right now? Use the tool."}],
-                "tools": [TOOL], "tool_choice": settings.get("tool_choice", "auto"),
-                "max_tokens": settings.get("max_tokens", 512), **chat_kwargs}
+                "tools": [TOOL], "tool_choice": settings["tool_choice"],
+                "max_tokens": settings["max_tokens"], **chat_kwargs}
         answer = _chat(url, model, headers, body, timeout)
         if "error" in answer:
             failures.append({"request": i, "reason": answer["error"]})
@@ -130,6 +131,7 @@ def run(gate: str, url: str, model: str, headers: dict[str, str], settings: dict
     """One gate against a running server: its verdict, never an exception for a wrong answer."""
     chat_kwargs = {"chat_template_kwargs": chat_template_kwargs} if chat_template_kwargs else {}
     func = {"smoke": smoke, "structured_json": structured_json, "tool_calls": tool_calls}[gate]
+    settings = section_defaults("gates", {gate: settings})[gate]  # the schema's defaults for what is not given
     t0 = time.monotonic()
     try:
         verdict = func(url, model, headers, settings, chat_kwargs, timeout)
@@ -143,11 +145,11 @@ def run_rule(job: JobContext, gate: str, out_json: str) -> dict[str, Any]:
     """The gate rule: acquire the server config's server (starting it if needed), run the gate, write its verdict."""
     exp = job.experiment
     job.use_api_key()
-    settings = exp.raw.get("gates", {}).get(gate, {})
+    settings = exp.raw["gates"][gate]
     with job.server() as info:
         print(f"gate {gate} on {job.server_id} at {info['url']} with {settings}")
         verdict = run(gate, info["url"], job.launch["served_model_name"], client.auth_headers(), settings,
-                      exp.client.get("chat_template_kwargs"))
+                      exp.client.chat_template_kwargs)
         startup = info["startup"]
     doc = {"experiment": exp.name, "server_id": job.server_id, **verdict, "provenance": job.provenance(startup)}
     atomic.write_json(out_json, doc)

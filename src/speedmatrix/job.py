@@ -18,6 +18,7 @@ from typing import Any
 
 from . import __version__, atomic, client, experiment, server
 from .errors import CellError
+from .pool import Placement
 
 
 def scheduler_env() -> dict[str, str]:
@@ -55,7 +56,7 @@ class JobContext:
     idle_timeout_s: float
     launch_path: Path
     # the node's GPU pool, this config's share and whether the job may measure beside others
-    placement: server.Placement = server.Placement()
+    placement: Placement = Placement()
     label: str = ""  # what the job measures (a cell id), for the record of who measured beside whom
 
     @classmethod
@@ -65,7 +66,7 @@ class JobContext:
         return cls(experiment=experiment.load(experiment_name, experiments_dir), server_id=server_id,
                    launch=atomic.read_json(launch_path), lock=atomic.read_json(lock_path),
                    results_root=Path(results_root).resolve(), idle_timeout_s=float(idle_timeout_s),
-                   launch_path=Path(launch_path), placement=server.Placement.from_dict(placement), label=label)
+                   launch_path=Path(launch_path), placement=Placement.from_dict(placement), label=label)
 
     @classmethod
     def from_snakemake(cls, smk: Any) -> JobContext:

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from . import loops
+from .settings import section_defaults
 from .workloads import get as workload
 
 # any: one looping request marks the cell looped (seed 002's rule); fraction: more than
@@ -96,7 +97,7 @@ def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str,
     if status == "valid" and fraction and (policy == "any" or (policy == "fraction" and fraction > max_fraction)):
         status = "looped"
         reason = f"{n_looped} of {n} requests looped"
-    max_cv = float((stability or {}).get("max_cv", 0.1))
+    max_cv = float(section_defaults("stability", stability)["max_cv"])
     unstable = stability_verdict(cell, max_cv) if status == "valid" else None
     if unstable:
         status, reason = "unstable", unstable

@@ -1,4 +1,4 @@
-"""A node's GPUs as a pool: server configs on disjoint GPUs measure at the same time (issue 18).
+"""A node's GPUs as a pool: server configs on disjoint GPUs measure at the same time.
 
 The workflow's pool is the GPUs it may use on this node: config ``gpus`` (a count, or the ids as
 CUDA_VISIBLE_DEVICES names them), else what NVML counts on a GPU runtime (the workflow's own
@@ -11,7 +11,7 @@ Two mechanisms, one for each side:
   (a cell that may run beside others claims its config's GPUs, one that must run alone claims all
   of them), and never two cells of one config at once (a mutex resource per config: a config's
   cells share one server and would measure each other).
-* **The cell** (``server.acquire``) places its config's server on free GPUs, stopping idle servers
+* **The cell** (``server.acquire``, ``placement.place``) places its config's server on free GPUs, stopping idle servers
   of other configs when GPUs are short, and measures under a host-wide lock held shared by cells
   that may run side by side and alone by an isolated cell; each cell records which others
   measured while it did (``beside``).
@@ -75,7 +75,7 @@ def node_pool(given: Any, exp: Experiment, count=nvml_count) -> tuple[str, ...]:
     count on a GPU runtime (within this process's CUDA_VISIBLE_DEVICES); () for one undivided
     device. A pool of one GPU is one undivided device too."""
     if given is None or given == "":
-        if exp.runtime.get("device", "gpu") == "cpu":
+        if exp.runtime["device"] == "cpu":
             return ()
         visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
         ids = tuple(visible) if visible else tuple(str(i) for i in range(count()))

@@ -32,7 +32,7 @@ def _command_problem(argv0: str) -> str | None:
 
 def _engine_problems(exp: Experiment) -> list[str]:
     """The container engine is installed and answers (dockerd running): said once, before any job."""
-    name = exp.runtime.get("engine", "docker")
+    name = exp.runtime["engine"]
     if shutil.which(name) is None:
         return [f"{exp.path}: key 'runtime.engine': the {name} command is not on PATH: install it "
                 f"(Debian: apt-get install {'docker.io' if name == 'docker' else name}; docs/containers.md)"]

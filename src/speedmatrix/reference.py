@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from . import atomic, cells, peers
-from .client import API_KEY_ENV
+from .client import api_key
 from .errors import ConfigError
 from .job import JobContext
+from .settings import ClientSettings, section_defaults
 
 OUR_NOTES = ("prompts cut from a text corpus and checked to the exact token count with the server's /tokenize; "
              "greedy; output tokens from the server's usage; TPOT per request, ITL every gap between streamed events")
@@ -39,7 +39,7 @@ def settings_of(exp) -> dict[str, Any]:
 
 
 def clients_of(settings: dict[str, Any]) -> list[str]:
-    return list(settings.get("clients", ["vllm_bench_serve"]))
+    return list(section_defaults("reference", settings)["clients"])
 
 
 def problems(exp) -> list[str]:
@@ -52,7 +52,7 @@ def _ours(result: dict[str, Any]) -> dict[str, Any]:
     return {k: result.get(k) for k in peers.FIELDS}
 
 
-def compare(cell: cells.Cell, url: str, model: str, tokenizer: str, client_cfg: dict[str, Any], names: list[str],
+def compare(cell: cells.Cell, url: str, model: str, tokenizer: str, client_cfg: ClientSettings, names: list[str],
             settings: dict[str, Any], rounds: int, api_key: str | None = None, loop_cfg: dict[str, Any] | None = None,
             server_env: dict[str, str] | None = None, kv_tokens: int | None = None,
             progress=print) -> dict[str, list[dict[str, Any]]]:
@@ -67,8 +67,9 @@ def compare(cell: cells.Cell, url: str, model: str, tokenizer: str, client_cfg: 
             seed = int(time.time() * 1000) % 2**31
             if who == peers.OURS:
                 cpu0, t0 = time.process_time(), time.perf_counter()
-                result, _ = asyncio.run(cells.measure(cell, url, model, client_cfg, progress, loop_cfg, None,
-                                                      server_env, kv_tokens))
+                inp = cells.MeasureInput(url, model, client_cfg, loop_cfg, None, server_env, kv_tokens,
+                                         progress=progress)
+                result, _ = asyncio.run(cells.measure(cell, inp))
                 row = {**_ours(result), "process_wall_s": round(time.perf_counter() - t0, 3),
                        "client_cpu_s": round(time.process_time() - cpu0, 3)}
             else:
@@ -111,18 +112,17 @@ def run_rule(job: JobContext, cell_id: str, out_json: str) -> dict[str, Any]:
         raise ConfigError(f"{exp.path}: key 'reference.cells': {cell_id} is a {cell.workload} cell; the "
                           "comparison with other clients takes cells of N requests at c, output capped")
     settings = settings_of(exp)
-    rounds = int(settings.get("rounds", 2))
+    rounds = int(settings["rounds"])
     names = clients_of(settings)  # known and importable: preflight checked them before any job
     job.use_api_key()
-    api_key = os.environ.get(API_KEY_ENV) or None
-    client_cfg = {**exp.client, "ignore_eos": True}  # every client ignores EOS: the same output lengths
+    client_cfg = exp.client.replace(ignore_eos=True)  # every client ignores EOS: the same output lengths
     tokenizer = settings.get("tokenizer", launch["model_dir"])
     with job.server() as info:
         runs = compare(cell, info["url"], launch["served_model_name"], tokenizer, client_cfg, names, settings,
-                       rounds, api_key, exp.loops, launch.get("server_env"),
+                       rounds, api_key(), exp.loops, launch.get("server_env"),
                        info["startup"].get("kv_cache_size_tokens"))
         startup = info["startup"]
-    doc = document(cell, runs, experiment=exp.name, server_id=job.server_id, rounds=rounds, client=client_cfg,
+    doc = document(cell, runs, experiment=exp.name, server_id=job.server_id, rounds=rounds, client=client_cfg.as_dict(),
                    provenance=job.provenance(startup))
     atomic.write_json(out_json, doc)
     if doc["failed"]:

@@ -124,7 +124,7 @@ def python_packages() -> dict[str, Any]:
 
 def engine(exp: Experiment) -> str:
     """The container engine of a ``docker`` runtime: docker, or podman (the same command line)."""
-    return exp.runtime.get("engine", "docker")
+    return exp.runtime["engine"]
 
 
 def engine_version(name: str) -> str | None:
@@ -224,7 +224,7 @@ def launch_argv(exp: Experiment, srv: ServerConfig, models_dir: str | Path, port
         # --init: the container's PID 1 passes SIGTERM on to vLLM (without it a stop waits, then kills);
         # --rm and the stop command (stop_argv) remove it however it ends; the labels say whose it is
         host_net = rt.get("network") == "host"
-        cport = port if host_net else int(rt.get("container_port", 8000))
+        cport = port if host_net else int(rt["container_port"])
         argv = [engine(exp), "run", "--init", "--rm"]
         if rt.get("gpus"):
             argv += ["--gpus", rt["gpus"]]
@@ -315,6 +315,20 @@ def served_name(exp: Experiment, srv: ServerConfig, models_dir: str | Path) -> s
     return srv.served_model_name if srv.served_model_name_set else model_ref(exp, srv.model, models_dir)
 
 
+def pinned_revisions(srv: ServerConfig, models_dir: str | Path) -> dict[str, str]:
+    """The revision each downloaded model of a server config (speedmatrix.experiment.ServerConfig) is
+    pinned to: its manifest's, once the model step has run; a synthesized or local model has none."""
+    from .models import MANIFEST, load_manifest
+
+    out = {}
+    for name in srv.model_names:
+        if (Path(models_dir) / name / MANIFEST).exists():
+            m = load_manifest(Path(models_dir) / name)
+            if m.get("source") == "huggingface":
+                out[name] = m["revision"]
+    return out
+
+
 def launch_spec(exp: Experiment, server_id: str, models_dir: str | Path,
                 lock: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything needed to start one server config, with the host port left to choose at start.
@@ -325,9 +339,8 @@ def launch_spec(exp: Experiment, server_id: str, models_dir: str | Path,
     from .models import eos_text, load_manifest
 
     srv = exp.server(server_id)
-    names = [srv.model] + ([srv.speculative["model"]] if srv.speculative else [])
-    manifests = {n: load_manifest(Path(models_dir) / n) for n in names}
-    revisions = {n: m["revision"] for n, m in manifests.items() if m.get("source") == "huggingface"}
+    manifests = {n: load_manifest(Path(models_dir) / n) for n in srv.model_names}
+    revisions = pinned_revisions(srv, models_dir)
     image = (lock or {}).get("image_ref")
     argv = launch_argv(exp, srv, models_dir, PORT_PLACEHOLDER, revisions, image)
     files_dir = manifests[srv.model].get("local_dir") or str(Path(models_dir) / srv.model)

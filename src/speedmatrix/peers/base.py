@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..client import sampling_body
+
 OURS = "speedmatrix"
 # the figures the agreement table compares with speedmatrix's
 COMPARED = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms")
@@ -21,7 +23,7 @@ FIELDS = ("completed", "total_output_tokens", "output_throughput", "median_ttft_
 # the server then streams an event with empty text for each, which vLLM's client and ours count as a token
 # and AIPerf and GuideLLM do not (their first token is the first event with text). On the H200 the 31B
 # shape's random weights emit <pad> after <pad>: AIPerf counted every request failed, GuideLLM a TTFT of 0.
-BODY: dict[str, Any] = {"temperature": 0, "ignore_eos": True, "skip_special_tokens": False}
+BODY: dict[str, Any] = sampling_body(ignore_eos=True)
 
 
 @dataclass(frozen=True)

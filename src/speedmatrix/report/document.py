@@ -186,7 +186,7 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
     """The report rule: the charts (HTML + PNG), report.md and report.html.
 
     ``loop_settings`` replaces the experiment's ``loops:`` in the text (a re-derivation under
-    another policy: bench/gpu_run.py rederive)."""
+    another policy: speedmatrix rederive --policy)."""
     exp = experiment.load(experiment_name, experiments_dir)
     matrix = pd.read_parquet(matrix_path)
     lock = atomic.read_json(lock_path)

@@ -105,6 +105,91 @@ def _label(cell: Any) -> str:
     return workloads.get(cell.workload).cell_label(cell)
 
 
+class _Sweep:
+    """A sweep's points (server configs) against the first point's cells, for ``sweep_tables``."""
+
+    def __init__(self, m: pd.DataFrame, rows: list[Any]) -> None:
+        self.rows = rows
+        self.paths = list(rows[0].sweep_values)
+        self.heads = [_vary_header(pth) for pth in self.paths]
+        self.valid = m[m["status"] != "over_capacity"]
+        first = m[m["server_id"] == rows[0].id].sort_values(["workload", "context_tokens", "concurrency"])
+        self.cells = list(first.itertuples())
+        self.spec = any(s.spec_tokens for s in rows)
+
+    def point(self, s: Any) -> list[str]:
+        return [str(s.sweep_values[pth]["label"]) for pth in self.paths]
+
+    def pick(self, sid: str, c: Any) -> Any:
+        r = self.valid[(self.valid["server_id"] == sid) & (self.valid["cell_id"] == c.cell_id)]
+        return None if r.empty else r.iloc[0]
+
+    @staticmethod
+    def status_or(r: Any, text: str) -> str:
+        if r is None:
+            return "Over capacity"
+        return text if r["status"] == "valid" else fmt.status(r["status"])
+
+    @staticmethod
+    def value(r: Any, key: str, how=fmt.ms) -> str:
+        return "—" if r is None else how(r[key])
+
+    def one_cell(self) -> list[Table | Para]:
+        """tok/s, mean and median TTFT (and acceptance) of the one cell, per point (seed 000)."""
+        c, rows = self.cells[0], self.rows
+        cols = ["tok/s", "Mean TTFT", "Median TTFT"] + (["Acceptance rate", "Accept length"] if self.spec else [])
+        t = Table(self.heads + cols + [f"tok/s vs {'/'.join(self.point(rows[0]))}"])
+        base = self.pick(rows[0].id, c)
+        for s in rows:
+            r = self.pick(s.id, c)
+            tok = None if r is None else r["total_tok_s"]
+            vals = [self.status_or(r, fmt.num(tok)), self.value(r, "mean_ttft_ms"), self.value(r, "ttft_ms")]
+            if self.spec:
+                vals += [self.value(r, "spec_acceptance_rate", fmt.pct),
+                         self.value(r, "spec_acceptance_length", lambda v: fmt.whole(v, "{:.2f}"))]
+            vals.append(fmt.delta(None if base is None else base["total_tok_s"], tok))
+            t.add(*self.point(s), *vals)
+        return [t]
+
+    def one_at_a_time(self) -> list[Table | Para]:
+        """TTFT per input size, mean tok/s (and acceptance), per point (seed 000's batched-tokens table)."""
+        cols = [f"{_label(c)} TTFT" for c in self.cells] + ["tok/s"] + (["Acceptance rate"] if self.spec else [])
+        t = Table(self.heads + cols)
+        for s in self.rows:
+            rs = [self.pick(s.id, c) for c in self.cells]
+            vals = [self.status_or(r, fmt.ms(r["ttft_ms"]) if r is not None else "") for r in rs]
+            tok = [r["per_request_tok_s"] for r in rs if r is not None and not fmt.missing(r["per_request_tok_s"])]
+            vals.append(fmt.num(sum(tok) / len(tok)) if tok else "—")
+            if self.spec:
+                acc = [r["spec_acceptance_rate"] for r in rs
+                       if r is not None and not fmt.missing(r["spec_acceptance_rate"])]
+                vals.append(fmt.pct(sum(acc) / len(acc)) if acc else "—")
+            t.add(*self.point(s), *vals)
+        return [t]
+
+    def capacity(self) -> list[Table | Para]:
+        """Throughput per cell, the largest cell's p95 TTFT, then the changes against the first row (seed 003)."""
+        rows, cells = self.rows, self.cells
+        last = max(cells, key=lambda c: (c.concurrency, c.context_tokens))
+        cols = [_label(c) for c in cells] + [f"{_label(last)} p95 TTFT"]
+        t = Table(self.heads + cols)
+        picked = {}
+        for s in rows:
+            rs = [self.pick(s.id, c) for c in cells]
+            picked[s.id] = rs
+            vals = [self.status_or(r, fmt.num(r["total_tok_s"]) if r is not None else "") for r in rs]
+            t.add(*self.point(s), *vals, self.value(self.pick(s.id, last), "p95_ttft_ms"))
+        changes = Table(self.heads + cols)
+        for s in rows:
+            vals = [fmt.delta(None if a is None else a["total_tok_s"], None if b is None else b["total_tok_s"])
+                    for a, b in zip(picked[rows[0].id], picked[s.id], strict=True)]
+            a, b = self.pick(rows[0].id, last), self.pick(s.id, last)
+            vals.append(fmt.delta(None if a is None else a["p95_ttft_ms"], None if b is None else b["p95_ttft_ms"]))
+            changes.add(*self.point(s), *vals)
+        ref = "/".join(self.point(rows[0]))
+        return [t, Para(f"Change against {ref} (output tok/s; p95 TTFT: lower is better):"), changes]
+
+
 def sweep_tables(m: pd.DataFrame, servers: list[Any]) -> list[Table | Para]:
     """One row per point of a sweep (seed 000's sweep tables; seed 003's matched comparison).
 
@@ -116,76 +201,12 @@ def sweep_tables(m: pd.DataFrame, servers: list[Any]) -> list[Table | Para]:
     rows = [s for s in servers if (m["server_id"] == s.id).any()]
     if not rows:
         return [Para("(no measurements)")]
-    paths = list(rows[0].sweep_values)
-    heads = [_vary_header(pth) for pth in paths]
-    valid = m[m["status"] != "over_capacity"]
-    first = m[m["server_id"] == rows[0].id].sort_values(["workload", "context_tokens", "concurrency"])
-    cells = list(first.itertuples())
-    spec = any(s.spec_tokens for s in rows)
-
-    def point(s: Any) -> list[str]:
-        return [str(s.sweep_values[pth]["label"]) for pth in paths]
-
-    def pick(sid: str, c: Any) -> Any:
-        r = valid[(valid["server_id"] == sid) & (valid["cell_id"] == c.cell_id)]
-        return None if r.empty else r.iloc[0]
-
-    def status_or(r: Any, text: str) -> str:
-        if r is None:
-            return "Over capacity"
-        return text if r["status"] == "valid" else fmt.status(r["status"])
-
-    def value(r: Any, key: str, how=fmt.ms) -> str:
-        return "—" if r is None else how(r[key])
-
-    if len(cells) == 1:
-        c = cells[0]
-        cols = ["tok/s", "Mean TTFT", "Median TTFT"] + (["Acceptance rate", "Accept length"] if spec else [])
-        t = Table(heads + cols + [f"tok/s vs {'/'.join(point(rows[0]))}"])
-        base = pick(rows[0].id, c)
-        for s in rows:
-            r = pick(s.id, c)
-            tok = None if r is None else r["total_tok_s"]
-            vals = [status_or(r, fmt.num(tok)), value(r, "mean_ttft_ms"), value(r, "ttft_ms")]
-            if spec:
-                vals += [value(r, "spec_acceptance_rate", fmt.pct),
-                         value(r, "spec_acceptance_length", lambda v: fmt.whole(v, "{:.2f}"))]
-            vals.append(fmt.delta(None if base is None else base["total_tok_s"], tok))
-            t.add(*point(s), *vals)
-        return [t]
-    if all(workloads.get(c.workload).one_at_a_time for c in cells):
-        cols = [f"{_label(c)} TTFT" for c in cells] + ["tok/s"] + (["Acceptance rate"] if spec else [])
-        t = Table(heads + cols)
-        for s in rows:
-            rs = [pick(s.id, c) for c in cells]
-            vals = [status_or(r, fmt.ms(r["ttft_ms"]) if r is not None else "") for r in rs]
-            tok = [r["per_request_tok_s"] for r in rs if r is not None and not fmt.missing(r["per_request_tok_s"])]
-            vals.append(fmt.num(sum(tok) / len(tok)) if tok else "—")
-            if spec:
-                acc = [r["spec_acceptance_rate"] for r in rs
-                       if r is not None and not fmt.missing(r["spec_acceptance_rate"])]
-                vals.append(fmt.pct(sum(acc) / len(acc)) if acc else "—")
-            t.add(*point(s), *vals)
-        return [t]
-    # capacity-shaped: throughput per cell, the largest cell's p95 TTFT, then the changes against the first row
-    last = max(cells, key=lambda c: (c.concurrency, c.context_tokens))
-    cols = [_label(c) for c in cells] + [f"{_label(last)} p95 TTFT"]
-    t = Table(heads + cols)
-    picked = {}
-    for s in rows:
-        rs = [pick(s.id, c) for c in cells]
-        picked[s.id] = rs
-        vals = [status_or(r, fmt.num(r["total_tok_s"]) if r is not None else "") for r in rs]
-        t.add(*point(s), *vals, value(pick(s.id, last), "p95_ttft_ms"))
-    changes = Table(heads + cols)
-    for s in rows:
-        vals = [fmt.delta(None if a is None else a["total_tok_s"], None if b is None else b["total_tok_s"])
-                for a, b in zip(picked[rows[0].id], picked[s.id], strict=True)]
-        a, b = pick(rows[0].id, last), pick(s.id, last)
-        vals.append(fmt.delta(None if a is None else a["p95_ttft_ms"], None if b is None else b["p95_ttft_ms"]))
-        changes.add(*point(s), *vals)
-    ref = "/".join(point(rows[0]))
-    return [t, Para(f"Change against {ref} (output tok/s; p95 TTFT: lower is better):"), changes]
+    sweep = _Sweep(m, rows)
+    if len(sweep.cells) == 1:
+        return sweep.one_cell()
+    if all(workloads.get(c.workload).one_at_a_time for c in sweep.cells):
+        return sweep.one_at_a_time()
+    return sweep.capacity()
 
 
 def _listed(values: Any, show) -> str:

@@ -24,6 +24,7 @@ from ..report.table import Table
 if TYPE_CHECKING:  # types only: the client is imported where a cell runs
     from ..client import RequestOptions, RequestRecord
     from ..prompts import PromptSource
+    from ..settings import ClientSettings
 
 # name -> the kind; filled by @register as each module of this package is imported
 REGISTRY: dict[str, Workload] = {}
@@ -105,7 +106,7 @@ class CellRun:
     # token-id prompts -> the prompts as sent (text checked by the server's tokenizer, or the ids)
     build: Callable[[list[list[int]]], Awaitable[list]]
     before_raw: dict[str, Any]  # the server's samples before the cell
-    client_cfg: dict[str, Any]
+    client: ClientSettings
     progress: Callable[[str], None]
     scrape: Callable[[], Awaitable[dict[str, Any]]]  # the server's samples now
 
@@ -194,7 +195,7 @@ class Workload:
 
     def manual_cell(self, context: int, concurrency: int, requests: int, max_tokens: int, duration_s: float,
                     shared_prefix: float, corpus: str, repeats: int = 1, target: dict[str, Any] | None = None) -> Cell:
-        """A cell from ``speedmatrix bench``'s options, keeping only what this kind uses (``target``: a latency
+        """A cell from ``speedmatrix measure``'s options, keeping only what this kind uses (``target``: a latency
         target's block, for a kind that searches)."""
         cell = Cell("manual", self.name, context, 1 if self.one_at_a_time else concurrency, max_tokens,
                     duration_s if self.cut_at_window_end else None, requests,

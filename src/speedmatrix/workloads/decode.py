@@ -64,7 +64,7 @@ class Decode(Workload):
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         return [Cell(server_id, self.name, ctx, c, block["max_tokens"], float(block["duration_s"]),
-                     corpus=block.get("corpus", "prose"), repeats=block.get("repeats", 1))
+                     corpus=block["corpus"], repeats=block.get("repeats", 1))
                 for ctx in block["contexts"] for c in block["concurrency"]]
 
     async def prepare(self, run: CellRun) -> PromptQueue:
@@ -80,7 +80,7 @@ class Decode(Workload):
             _, records = await asyncio.wait_for(
                 client.closed_loop(run.url, run.model, queue.next, cell.concurrency, cell.duration_s, opts,
                                    run.progress),
-                timeout=float(run.client_cfg.get("cell_timeout_s", cell.duration_s + opts.stall_timeout_s + 120)),
+                timeout=float(run.client.cell_timeout_s or cell.duration_s + opts.stall_timeout_s + 120),
             )
         finally:
             filling.cancel()

@@ -22,7 +22,7 @@ class Latency(Workload):
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         return [Cell(server_id, self.name, ctx, 1, block["max_tokens"], requests=block["requests"],
-                     corpus=block.get("corpus", "prose"), repeats=block.get("repeats", 1))
+                     corpus=block["corpus"], repeats=block.get("repeats", 1))
                 for ctx in block["contexts"]]
 
     async def measure(self, run: CellRun, prompts: list) -> Measured:

@@ -22,8 +22,8 @@ class Prefill(Workload):
     stability_figure = "prompt_tok_s"
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
-        return [Cell(server_id, self.name, ctx, 1, 1, requests=block.get("requests", 3),
-                     corpus=block.get("corpus", "prose"), repeats=block.get("repeats", 1))
+        return [Cell(server_id, self.name, ctx, 1, 1, requests=block["requests"],
+                     corpus=block["corpus"], repeats=block.get("repeats", 1))
                 for ctx in block["contexts"]]
 
     def request_max_tokens(self, cell: Cell) -> int:

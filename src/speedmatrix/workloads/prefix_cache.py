@@ -26,7 +26,7 @@ class PrefixCache(Workload):
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         return [Cell(server_id, self.name, ctx, c, block["max_tokens"], requests=block["requests"],
-                     shared_prefix=float(share), corpus=block.get("corpus", "prose"),
+                     shared_prefix=float(share), corpus=block["corpus"],
                      repeats=block.get("repeats", 1))
                 for share in block["shared_prefix"] for ctx in block["contexts"] for c in block["concurrency"]]
 

@@ -23,6 +23,7 @@ import pandas as pd
 from .. import client, slo, stats
 from ..report import fmt
 from ..report.table import Table
+from ..settings import workload_defaults
 from .base import Cell, CellRun, Measured, Workload, register
 
 
@@ -130,23 +131,23 @@ class SloSearch(Workload):
     matrix_columns = ("slo_max_concurrency", "slo_search_steps")
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
-        options = {"slo": block["slo"], "target": block["target"], "margin": float(block.get("margin", 0.1))}
+        options = {"slo": block["slo"], "target": block["target"], "margin": float(block["margin"])}
         return [Cell(server_id, self.name, ctx, int(block["max_concurrency"]), block["max_tokens"],
-                     requests=block["requests"], corpus=block.get("corpus", "prose"),
+                     requests=block["requests"], corpus=block["corpus"],
                      repeats=block.get("repeats", 1), options=json.dumps(options, sort_keys=True))
                 for ctx in block["contexts"]]
 
     def manual_cell(self, context: int, concurrency: int, requests: int, max_tokens: int, duration_s: float,
                     shared_prefix: float, corpus: str, repeats: int = 1, target: dict[str, Any] | None = None) -> Cell:
-        """``speedmatrix bench --workload slo_search``: --concurrency is the search's upper bound."""
+        """``speedmatrix measure --workload slo_search``: --concurrency is the search's upper bound."""
         if not target:
             raise ValueError("slo_search needs a latency target: --slo-ttft-ms, --slo-tpot-ms, --slo-e2e-ms "
                              "(and --slo-percentile), or --slo-preset")
-        t = slo.target("manual", target, "speedmatrix bench")
-        return self.expand("manual", {"contexts": [context], "slo": t.name, "target": t.as_dict(),
-                                      "max_concurrency": concurrency, "requests": requests,
-                                      "max_tokens": max_tokens, "corpus": corpus, "repeats": repeats,
-                                      "margin": target.get("margin", 0.1)})[0]
+        t = slo.target("manual", target, "speedmatrix measure")
+        block = {"contexts": [context], "max_concurrency": concurrency, "requests": requests,
+                 "max_tokens": max_tokens, "corpus": corpus, "repeats": repeats,
+                 **({"margin": target["margin"]} if "margin" in target else {})}
+        return self.expand("manual", {**workload_defaults(self.name, block), "slo": t.name, "target": t.as_dict()})[0]
 
     def id_suffix(self, cell: Cell) -> str:
         return f"-for-{cell.opts['slo']}"
@@ -176,7 +177,7 @@ class SloSearch(Workload):
             return await client.fixed_count(run.url, run.model, lambda i: prompts[i - first], n, c, run.opts,
                                             phase=f"step{k}", first_index=first)
 
-        answer, steps, batches = await search(probe, target, upper, cell.requests, float(o.get("margin", 0.1)),
+        answer, steps, batches = await search(probe, target, upper, cell.requests, float(o["margin"]),
                                               run.progress)
         at = next((s for s in reversed(steps) if s.holds and s.concurrency == answer), steps[0])
         records = [r for k in sorted(batches) for r in batches[k]]

@@ -1,4 +1,6 @@
-"""A bench fixture, not a model server: streams OpenAI-style completion events as fast as it can.
+"""A test fixture, not a model server: streams OpenAI-style completion events as fast as it can.
+
+bench/client_overhead.py and bench/loop_cost.py run it to measure a client.
 
 ``POST /v1/completions`` answers a stream of ``max_tokens`` events, one token
 each, in the shape vLLM sends (a ``choices`` entry with the text, and usage
@@ -10,7 +12,7 @@ Injected delays, for timing error: ``--ttft-ms`` holds the first event back
 that long, and ``--gap-ms`` spaces the events on a fixed schedule (one event
 per write then).
 
-    python bench/fast_streamer.py PORT [--ttft-ms MS] [--gap-ms MS] [--text words|loop]
+    python tests/fast_streamer.py PORT [--ttft-ms MS] [--gap-ms MS] [--text words|loop]
 """
 
 from __future__ import annotations

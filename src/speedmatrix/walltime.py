@@ -1,6 +1,6 @@
 """Where a finished run's wall time went: server start-ups, measurement windows, and the rest (overhead).
 
-    .venv/bin/python bench/overhead.py results/<experiment> [--out overhead.json]
+    speedmatrix walltime results/<experiment> [--out walltime.json]
 
 Reads only what every run leaves behind: each job's log under ``logs/`` (every line starts with the time of
 day, ``[HH:MM:SS]``), ``servers/<id>/starts.jsonl`` (each start's ``startup_seconds``) and the cell JSONs
@@ -14,10 +14,8 @@ jobs; what no job's log covers is the scheduler's own time and the idle gaps bet
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -133,28 +131,15 @@ def analyse(run: Path) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run", type=Path, help="a finished run's folder, results/<experiment>")
-    ap.add_argument("--out", type=Path, help="also write the figures as JSON here")
-    ns = ap.parse_args(argv)
-    if not (ns.run / "logs").is_dir():
-        print(f"overhead: {ns.run}: no logs/ folder (give results/<experiment> of a finished run)", file=sys.stderr)
-        return 2
-    got = analyse(ns.run)
-    print(f"{got['run']}: wall {got['wall_s']:.0f} s from {got['started']}, {got['cells']} cells, "
-          f"{got['server_starts']} server start(s)")
+def text(got: dict) -> str:
+    """The split as lines: wall time, each part with its share, the overhead."""
+    out = [f"{got['run']}: wall {got['wall_s']:.0f} s from {got['started']}, {got['cells']} cells, "
+           f"{got['server_starts']} server start(s)"]
     for name, secs in got["parts_s"].items():
         share = secs / got["wall_s"] * 100 if got["wall_s"] else 0.0
-        print(f"  {secs:8.1f} s  {share:5.1f} %  {name}")
+        out.append(f"  {secs:8.1f} s  {share:5.1f} %  {name}")
     if (got["side_by_side_s"] or 0) > 0.5:
-        print(f"  start-ups and windows side by side (counted once below): {got['side_by_side_s']:.1f} s")
-    print(f"overhead (wall - start-ups - windows): {got['overhead_s']:.1f} s, "
-          f"{(got['overhead_fraction'] or 0) * 100:.1f} % of wall")
-    if ns.out:
-        ns.out.write_text(json.dumps(got, indent=2) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        out.append(f"  start-ups and windows side by side (counted once below): {got['side_by_side_s']:.1f} s")
+    out.append(f"overhead (wall - start-ups - windows): {got['overhead_s']:.1f} s, "
+               f"{(got['overhead_fraction'] or 0) * 100:.1f} % of wall")
+    return "\n".join(out)

@@ -1,7 +1,7 @@
 # One rule per workload kind, from the registry (speedmatrix.workloads):
 # `snakemake --list-rules` and the job counts show each kind, and a cluster
 # profile can give a kind its own limits (--set-resources decode:...). All of
-# them run the same code path, speedmatrix.cells.run, as `speedmatrix bench`
+# them run the same code path, speedmatrix.cells.run, as `speedmatrix measure`
 # does by hand.
 for kind in WORKLOADS:
 
@@ -41,6 +41,6 @@ for kind in WORKLOADS:
             results_root=results_root,
             idle_timeout_s=IDLE_TIMEOUT_S,
             placement=placement_of(kind),
-            measured_with=MEASURED_WITH,
+            measured_with=EXP.measured_with,
         script:
             "../workflow/scripts/cell.py"

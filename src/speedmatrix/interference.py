@@ -1,32 +1,29 @@
-"""Serial against parallel: what measuring side by side on a GPU pool changed, cell by cell (issue 18).
+"""Serial against parallel: what measuring side by side on a GPU pool changed, cell by cell.
 
-    .venv/bin/python bench/interference.py ALONE_RUN BESIDE_RUN [--again ALONE_RUN_2] [--out DIR]
+    speedmatrix interference ALONE_RUN BESIDE_RUN [--again ALONE_RUN_2] [--out DIR]
 
 ALONE_RUN is a finished run whose cells measured alone (``--config gpus=1``: one server at a time);
 BESIDE_RUN the same experiment on a pool, cells side by side (matrix column ``ran_beside``). For each
 cell: output tok/s, median TTFT, median time between tokens and prompt tok/s in both runs and the
 difference; with ``--again`` (a second run alone) the same difference between the two lone runs,
 which is the run-to-run spread a side-by-side difference has to exceed to mean anything. Wall time
-and where it went come from bench/overhead.py. Writes ``interference.md`` and ``interference.json``
+and where it went come from speedmatrix.walltime. Writes ``interference.md`` and ``interference.json``
 into DIR (default: print only).
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pandas as pd
 
+from . import walltime
+
 FIGURES = [("total_tok_s", "output tok/s"), ("ttft_ms", "median TTFT (ms)"), ("itl_ms", "median ITL (ms)"),
            ("prompt_tok_s", "prompt tok/s")]
 
-_spec = importlib.util.spec_from_file_location("overhead", Path(__file__).with_name("overhead.py"))
-overhead = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(overhead)
 
 
 def _pct(new, old) -> float | None:
@@ -53,7 +50,7 @@ def compare(alone: Path, beside: Path, again: Path | None = None) -> dict:
             if g is not None and key in g.index:
                 row[f"{col}_again_delta_pct"] = _pct(g.loc[key].get(col), alone_v)
         rows.append(row)
-    walls = {name: overhead.analyse(run) for name, run in (("alone", alone), ("beside", beside), ("again", again))
+    walls = {name: walltime.analyse(run) for name, run in (("alone", alone), ("beside", beside), ("again", again))
              if run is not None}
     return {"alone": str(alone), "beside": str(beside), "again": str(again) if again else None,
             "cells": rows, "runs": {k: {x: v[x] for x in ("wall_s", "server_starts", "parts_s", "busy_s",
@@ -88,22 +85,8 @@ def markdown(got: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("alone", type=Path, help="results/<experiment> of a run whose cells measured alone")
-    ap.add_argument("beside", type=Path, help="results/<experiment> of the same experiment on a pool")
-    ap.add_argument("--again", type=Path, help="a second lone run: the run-to-run spread to compare against")
-    ap.add_argument("--out", type=Path, help="write interference.md and interference.json here")
-    ns = ap.parse_args(argv)
-    got = compare(ns.alone, ns.beside, ns.again)
-    text = markdown(got)
-    print(text)
-    if ns.out:
-        ns.out.mkdir(parents=True, exist_ok=True)
-        (ns.out / "interference.md").write_text(text)
-        (ns.out / "interference.json").write_text(json.dumps(got, indent=2, default=str) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def write(got: dict, out: Path) -> None:
+    """``interference.md`` and ``interference.json`` into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "interference.md").write_text(markdown(got))
+    (out / "interference.json").write_text(json.dumps(got, indent=2, default=str) + "\n")

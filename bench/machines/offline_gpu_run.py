@@ -1,23 +1,27 @@
 #!/usr/bin/env python3
-"""Repeat the H200 run of an experiment end to end (issue 7): build the kit, carry it, run, fetch.
+"""For one kind of machine only: a GPU host with no package index, reached one command at a time.
 
-The lent GPU machine has Python 3.12 and CUDA torch but no vLLM, no Snakemake
-and no package index. ../shared/gpukit/build.sh packs vLLM 0.25.1; this script
-packs what the pipeline needs beside it, prints the device calls, runs the
-workflow there, and files what comes back under docs/results/<experiment>/.
+Repeats an experiment's GPU run end to end there: build the kit, carry it, run, fetch. The
+machine this was written for has Python 3.12 and CUDA torch but no vLLM, no Snakemake and
+no package index, takes commands of at most 10 minutes, and returns files from $OUT. A kit
+builder outside this repository (../shared/gpukit/build.sh) packs vLLM 0.25.1; this script
+packs what the pipeline needs beside it, prints the commands, runs the workflow there, and
+files what comes back under docs/results/<experiment>/. On a GPU machine with a package
+index none of this is needed: docs/gpu.md, "Running on your own GPU". Below, R is
+bench/machines/offline_gpu_run.py.
 
-    python3 bench/gpu_run.py build            # here: .gk/p0.. (vLLM), .gk/x0.. (Snakemake, Altair, ...),
+    python3 $R build            # here: .gk/p0.. (vLLM), .gk/x0.. (Snakemake, Altair, ...),
                                               # .gk/y0.. (AIPerf and GuideLLM, the reference rule's clients)
-    python3 bench/gpu_run.py plan [EXPERIMENT] [--kind K]   # here: the device calls, one per line
-    python3 bench/gpu_run.py start EXPERIMENT # there: unpack the kit, start the workflow detached
+    python3 $R plan [EXPERIMENT] [--kind K]   # here: the device calls, one per line
+    python3 $R start EXPERIMENT # there: unpack the kit, start the workflow detached
         # [--until reference]: only the jobs that rule needs (the reference jobs and their server)
-    python3 bench/gpu_run.py wait EXPERIMENT  # there: wait (< 9 min) for it; when done, pack results into $OUT
-    python3 bench/gpu_run.py collect TARBALL EXPERIMENT   # here: file the results under docs/results/
-    python3 bench/gpu_run.py rederive TARBALL EXPERIMENT --policy flag_only --suffix -flag-only
+    python3 $R wait EXPERIMENT  # there: wait (< 9 min) for it; when done, pack results into $OUT
+    python3 $R collect TARBALL EXPERIMENT   # here: file the results under docs/results/
+    python3 $R rederive TARBALL EXPERIMENT --policy flag_only --suffix -flag-only
         # here: the loop verdicts, matrix, decisions and report again from the returned cells under another
         # loop policy (the code of the loops, aggregate and report rules; no measurement is repeated)
-    python3 bench/gpu_run.py report EXPERIMENT   # here: the report again from docs/results/EXPERIMENT/ as it is
-    python3 bench/gpu_run.py agree [--shapes 16x64,64x128] [--rounds 2]
+    python3 $R report EXPERIMENT   # here: the report again from docs/results/EXPERIMENT/ as it is
+    python3 $R agree [--shapes 16x64,64x128] [--rounds 2]
         # there, after the kit's calls: `speedmatrix agree` (speedmatrix, vllm bench serve, AIPerf, GuideLLM)
         # on a server of its own (the 31B shape cut to 6 layers, eager); one JSON per shape into $OUT
 
@@ -41,7 +45,8 @@ import tarfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
+SELF = "bench/machines/offline_gpu_run.py"
 KIT = REPO / ".gk"
 EXTRAS = ["snakemake==9.27.1", "altair==6.3.0", "vl-convert-python==1.9.0.post1", "msgspec==0.22.0",
           "jsonschema==4.26.0"]
@@ -122,14 +127,14 @@ def pack(prefix: str, wanted: list[str], skip: set[str]) -> set[str]:
 def plan(ns: argparse.Namespace) -> int:
     parts = sorted(p.name for p in KIT.glob("[pxy][0-9]"))
     if not parts:
-        print("no kit: run `python3 bench/gpu_run.py build` first", file=sys.stderr)
+        print(f"no kit: run `python3 {SELF} build` first", file=sys.stderr)
         return 2
     print("# one device call a part (carry the part, copy it out), back to back; the last starts the run:")
     for name in parts:
         print(json.dumps({"carry": [f".gk/{name}"], "command": f"cp .gk/{name} /tmp/kit.{name}"}))
-    print(json.dumps({"command": f"python3 bench/gpu_run.py start {ns.experiment} && "
-                                 f"python3 bench/gpu_run.py wait {ns.experiment} --max-s 500"}))
-    print(json.dumps({"command": f"python3 bench/gpu_run.py wait {ns.experiment}", "repeat": "until packed",
+    print(json.dumps({"command": f"python3 {SELF} start {ns.experiment} && "
+                                 f"python3 {SELF} wait {ns.experiment} --max-s 500"}))
+    print(json.dumps({"command": f"python3 {SELF} wait {ns.experiment}", "repeat": "until packed",
                       "kind": ns.kind}))
     return 0
 
