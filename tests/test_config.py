@@ -125,3 +125,31 @@ def test_a_bad_value_inside_a_list_of_blocks_names_its_key(exp_dir):
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(experiment.ConfigError, match=r"tiny-cpu.yaml: key 'workloads.decode\[1\].corpus'"):
         experiment.load("tiny-cpu", exp_dir)
+
+
+def test_the_schemas_defaults_are_applied_once_when_an_experiment_loads(exp_dir):
+    """Every default lives in the schema: a loaded experiment has them filled, the client's typed settings
+    carry them, and nothing else repeats them."""
+    write(exp_dir, "bare", lambda d: [d.pop(k, None) for k in ("client", "loops", "stability")])
+    exp = experiment.load("bare", exp_dir)
+    assert exp.raw["loops"]["policy"] == "any" and exp.raw["stability"]["max_cv"] == 0.1
+    assert exp.client.stall_timeout_s == 60 and exp.client.api == "completions" and exp.client.seed == 0
+    assert exp.raw["workloads"]["decode"]["corpus"] == "prose" and exp.raw["workloads"]["prefill"]["requests"] == 3
+    assert exp.measured_with == {"client": exp.client.as_dict(), "loops": None}
+
+
+def test_a_sampled_block_gives_cells_that_ask_for_it(exp_dir):
+    """`sampling` in a block: its cells' ids end in -temp<T>, the cell records it, and request i asks for the
+    temperature, top_p and seed + i (a greedy cell asks for temperature 0 and no seed)."""
+    from speedmatrix import cells
+
+    write(exp_dir, "sampled", lambda d: d["workloads"]["decode"].update(sampling={"temperature": 0.7, "top_p": 0.9}))
+    exp = experiment.load("sampled", exp_dir)
+    sampled = [c for c in exp.cells("base") if c.workload == "decode"]
+    assert all(c.id.endswith("-temp0.7") and re.fullmatch(workloads.cell_id_pattern(), c.id) for c in sampled)
+    assert sampled[0].as_dict()["sampling"] == {"temperature": 0.7, "top_p": 0.9, "seed": 0}
+    body = cells.request_options(sampled[0], exp.client).payload("m", [1, 2], index=3)
+    assert (body["temperature"], body["top_p"], body["seed"]) == (0.7, 0.9, 3)
+    greedy = next(c for c in exp.cells("base") if c.workload == "latency")
+    body = cells.request_options(greedy, exp.client).payload("m", [1, 2], index=3)
+    assert body["temperature"] == 0 and "seed" not in body and "sampling" not in greedy.as_dict()

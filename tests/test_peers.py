@@ -1,6 +1,7 @@
 """The independent clients of the reference rule: what each is asked, how its output is read, how the
 agreement is summarized. Engine-free: the outputs are small recorded shapes of each client's own files."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -37,12 +38,19 @@ def test_every_client_is_asked_the_same_load(tmp_path):
     # greedy and EOS ignored as extra inputs; tokens counted from the server's usage, not re-tokenized
     assert "temperature:0" in ap and "ignore_eos:true" in ap and "--use-server-token-count" in ap
     # special tokens streamed as text, by every client (a model may emit nothing else)
-    assert "skip_special_tokens:false" in ap and json.loads(vb[vb.index("--extra-body") + 1]) == peers.BODY
+    assert "skip_special_tokens:false" in ap and json.loads(vb[vb.index("--extra-body") + 1]) == LOAD.body
     assert ["--concurrency", "16"] == ap[ap.index("--concurrency"):][:2] and ap[-2:] == ["--api-key", "sekret"]
     gl = table["guidellm"].argv(["py"], LOAD, tmp_path, "sekret")
     scenario = json.loads(Path(gl[gl.index("--scenario") + 1]).read_text())["spec"]
-    assert scenario["backend"]["extras"] == {"body": peers.BODY}
+    assert scenario["backend"]["extras"] == {"body": LOAD.body}
     assert scenario["data"] == [{"kind": "synthetic_text", "prompt_tokens": 1024, "output_tokens": 256}]
+    # a sampled cell: every client asks for its temperature, top_p and seed
+    sampled = dataclasses.replace(LOAD, sampling={"temperature": 0.7, "top_p": 0.9, "seed": 5})
+    vb = table["vllm_bench_serve"].argv(["py"], sampled, tmp_path, None)
+    assert ["--temperature", "0.7"] == vb[vb.index("--temperature"):][:2]
+    assert json.loads(vb[vb.index("--extra-body") + 1]) == {**LOAD.body, "temperature": 0.7, "top_p": 0.9, "seed": 5}
+    ap = table["aiperf"].argv(["py"], sampled, tmp_path, None)
+    assert "temperature:0.7" in ap and "top_p:0.9" in ap and "seed:5" in ap
     assert scenario["profile"] == {"kind": "concurrent", "streams": 16}
     assert scenario["constraints"] == [{"kind": "max_requests", "count": 64}]
     assert (tmp_path / "scenario.json").stat().st_mode & 0o077 == 0  # the key's file is private

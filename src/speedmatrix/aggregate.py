@@ -36,7 +36,8 @@ def spread_fields(res: dict[str, Any]) -> dict[str, Any]:
 
 
 MATRIX_COLUMNS = [
-    "experiment", "server_id", "cell_id", "model", "spec_tokens", "workload", "context_tokens", "concurrency",
+    "experiment", "server_id", "cell_id", "model", "spec_tokens", "spec_method", "workload", "context_tokens",
+    "concurrency",
     "status", "total_tok_s", "per_request_tok_s", "ttft_ms", "itl_ms", "avg_active_requests",
     "completed_requests", "output_tokens", "measured_s", "prompt_tok_s", "spec_acceptance_rate",
     "spec_acceptance_length", "prefix_cache_hit_rate", "loop_fraction", "suspected_fraction",
@@ -49,7 +50,8 @@ MATRIX_COLUMNS = [
     "mean_ttft_ms", "p95_ttft_ms", "corpus", "shared_prefix", "ignore_eos", "server_metrics", "token_count_gap",
     "server_running_mean", "prefix_cache_hits", "prefix_cache_queries",
     # loops (docs/decisions/0003): the figure over the requests that did not loop, and trust in acceptance
-    "looped_requests", "total_tok_s_non_looping", "spec_acceptance_reliable", "loops_after_natural_end",
+    "looped_requests", "total_tok_s_non_looping", "spec_acceptance_reliable", "spec_acceptance_client",
+    "spec_acceptance_before_loop", "loops_after_natural_end",
     "prompt_format",
     # seed experiments: the sweep a server config belongs to and its point ("path=label; ..."), the API used
     "sweep", "sweep_point", "api",
@@ -97,6 +99,7 @@ FROM_LOOPS = {
     "status_reason": "status_reason", "loop_fraction": "loop_fraction", "suspected_fraction": "suspected_fraction",
     "loop_status_policy": "policy", "looped_requests": "looped_requests",
     "total_tok_s_non_looping": "output_throughput_non_looping", "spec_acceptance_reliable": "spec_acceptance_reliable",
+    "spec_acceptance_client": "spec_acceptance_client", "spec_acceptance_before_loop": "spec_acceptance_before_loop",
     "loops_after_natural_end": "loops_after_natural_end",
 }
 FROM_PROVENANCE = {
@@ -123,6 +126,7 @@ def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
         "shared_prefix": spec.get("shared_prefix"),
         "model": srv["model"],
         "spec_tokens": srv["spec_tokens"],
+        "spec_method": srv.get("spec_method"),  # before it was recorded: None
         "sweep": srv.get("sweep"),
         "sweep_point": "; ".join(f"{k}={v['label']}" for k, v in (srv.get("sweep_values") or {}).items()) or None,
         "status": loops["cell_status"],

@@ -141,6 +141,7 @@ def request_options(cell: Cell, settings: ClientSettings, loop_cfg: dict[str, An
     per_chunk = settings.usage_per_chunk
     if per_chunk == "auto":
         per_chunk = cell.kind.cut_at_window_end
+    sampling = cell.sampling_params
     return client.RequestOptions(
         max_tokens=cell.kind.request_max_tokens(cell),
         stall_timeout_s=float(settings.stall_timeout_s),
@@ -151,6 +152,9 @@ def request_options(cell: Cell, settings: ClientSettings, loop_cfg: dict[str, An
         eos_text=eos_text,
         api=settings.api,
         chat_template_kwargs=settings.chat_template_kwargs,
+        temperature=float(sampling.get("temperature", 0.0)),
+        top_p=sampling.get("top_p"),
+        seed=sampling.get("seed"),
     )
 
 
@@ -487,6 +491,7 @@ def run(job: JobContext, cell_id: str, out_json: str, out_requests: str) -> dict
         "experiment": exp.name,
         "cell": cell.as_dict(),
         "server": {"server_id": server_id, "model": launch["model"], "spec_tokens": launch["spec_tokens"],
+                   "spec_method": launch.get("spec_method"),
                    "served_model_name": launch["served_model_name"], "sweep": launch.get("sweep"),
                    "sweep_values": launch.get("sweep_values") or {}},
         "client": exp.client.as_dict(),

@@ -42,11 +42,15 @@ def auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def sampling_body(ignore_eos: bool) -> dict[str, Any]:
-    """What every request of a measurement asks of the sampler, whichever client sends it: greedy, and
+def sampling_body(ignore_eos: bool, temperature: float = 0.0, top_p: float | None = None,
+                  seed: int | None = None) -> dict[str, Any]:
+    """What every request of a measurement asks of the sampler, whichever client sends it: greedy unless a
+    temperature is given (then with ``top_p`` and the request's ``seed``, so a rerun samples the same), and
     with ``ignore_eos`` special tokens kept as text (every token streamed has text: random weights can
     emit nothing but special tokens)."""
-    return {"temperature": 0, "ignore_eos": ignore_eos, **({"skip_special_tokens": False} if ignore_eos else {})}
+    return {"temperature": temperature, **({"top_p": top_p} if top_p is not None else {}),
+            **({"seed": seed} if seed is not None else {}), "ignore_eos": ignore_eos,
+            **({"skip_special_tokens": False} if ignore_eos else {})}
 
 
 class _Delta(msgspec.Struct):
@@ -103,12 +107,16 @@ class RequestOptions:
     # e.g. {"enable_thinking": false} as seed 003 asks)
     api: str = "completions"
     chat_template_kwargs: dict[str, Any] | None = None
+    # sampling (a cell's ``sampling``): 0 is greedy; request i is sent with seed ``seed + i``
+    temperature: float = 0.0
+    top_p: float | None = None
+    seed: int | None = None
 
     @property
     def path(self) -> str:
         return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
 
-    def payload(self, model: str, prompt: list[int] | str) -> dict[str, Any]:
+    def payload(self, model: str, prompt: list[int] | str, index: int = 0) -> dict[str, Any]:
         extra: dict[str, Any] = {}
         if self.api == "chat":
             if not isinstance(prompt, str):
@@ -122,7 +130,8 @@ class RequestOptions:
             **extra,
             "model": model,
             "max_tokens": self.max_tokens,
-            **sampling_body(self.ignore_eos),
+            **sampling_body(self.ignore_eos, self.temperature, self.top_p,
+                            None if self.seed is None else self.seed + index),
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": self.usage_per_chunk},
         }
@@ -286,7 +295,7 @@ async def stream_completion(
     watch = OnlineWatch(**opts.loop_thresholds) if opts.watch_loops else None
     decoder = _Decoder(record)
     try:
-        async with session.post(f"{base_url}{opts.path}", json=opts.payload(model, prompt),
+        async with session.post(f"{base_url}{opts.path}", json=opts.payload(model, prompt, record.index),
                                 headers=auth_headers() if headers is None else headers) as resp:
             record.error = await _refused(resp)
             buf = b""

@@ -29,6 +29,8 @@ SERVER_KEYS = ("model", "served_model_name", "host", "port", "args", "env", "spe
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_STARTUP_TIMEOUT_S = 900.0
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# speculative methods that draft without a model of their own (vLLM's ngram looks proposals up in the text)
+MODEL_FREE_METHODS = ("ngram",)
 
 
 def _key_path(path) -> str:
@@ -110,7 +112,8 @@ class ServerConfig:
     @property
     def model_names(self) -> list[str]:
         """The keys of ``models`` one server of this config loads: its model, then its drafter if any."""
-        return [self.model] + ([self.speculative["model"]] if self.speculative else [])
+        return [self.model] + ([self.speculative["model"]] if self.speculative and "model" in self.speculative
+                               else [])
 
     @property
     def spec_tokens(self) -> int:
@@ -282,9 +285,10 @@ def _check_servers(exp: dict[str, Any], entries: list, source: str) -> list[str]
             )
         spec = merged.get("speculative")
         if spec is not None:
-            if not isinstance(spec, dict) or "model" not in spec or "num_speculative_tokens" not in spec:
-                problems.append(f"{source}: key '{where}.speculative': needs model and num_speculative_tokens")
-            elif spec["model"] not in models:
+            if "model" not in spec and spec.get("method") not in MODEL_FREE_METHODS:
+                problems.append(f"{source}: key '{where}.speculative': needs model (a key of 'models'), or a "
+                                f"method that needs none ({', '.join(MODEL_FREE_METHODS)})")
+            elif "model" in spec and spec["model"] not in models:
                 problems.append(
                     f"{source}: key '{where}.speculative.model': {spec['model']!r} is not a key of 'models'"
                 )

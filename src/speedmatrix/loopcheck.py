@@ -65,6 +65,43 @@ def judge_request(row: Any, thresholds: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _steps(chunk_tokens: Any, upto: int | None) -> tuple[int, int]:
+    """(decode steps, tokens the drafter got accepted in them) from a stream's per-event token counts, over the
+    events that end before ``upto`` output tokens (None: all). The first event follows prefill and carries
+    one token: it is not a step of the drafter."""
+    steps = accepted = seen = 0
+    for k, t in enumerate(chunk_tokens if chunk_tokens is not None else []):
+        seen += int(t)
+        if upto is not None and seen > upto:
+            break
+        if k:
+            steps += 1
+            accepted += int(t) - 1
+    return steps, accepted
+
+
+def client_acceptance(requests: pd.DataFrame, per: list[dict[str, Any]], spec_tokens: int) -> dict[str, Any]:
+    """Speculative acceptance seen by the client: each streamed event of a step carries 1 + the accepted
+    draft tokens (per-event token counts: ``usage_per_chunk``), so the rate is accepted / (steps x k), over
+    the whole output and over the output before each request's loop starts. A loop is easy to predict, so
+    acceptance over looping output is inflated (ngram's most); the pre-loop figure is the drafter's own.
+    None without speculation or without exact per-event counts. An API server that falls behind the engine
+    can merge two steps into one event, which reads as more accepted tokens: the server's counters
+    (``spec_decode_acceptance_rate``) stay the reference for the whole output."""
+    reconciled = "tokens_reconciled" in requests and bool((requests["tokens_reconciled"] != 0).any())
+    if not spec_tokens or requests.empty or reconciled:
+        return {"spec_acceptance_client": None, "spec_acceptance_before_loop": None}
+    onset = {p["request_index"]: p["loop_onset_token"] for p in per if p["looped"]}
+    whole, before = [0, 0], [0, 0]
+    for row in requests.itertuples(index=False):
+        for acc, upto in ((whole, None), (before, onset.get(int(row.request_index)))):
+            steps, accepted = _steps(row.chunk_tokens, upto)
+            acc[0] += steps
+            acc[1] += accepted
+    return {"spec_acceptance_client": whole[1] / (whole[0] * spec_tokens) if whole[0] else None,
+            "spec_acceptance_before_loop": before[1] / (before[0] * spec_tokens) if before[0] else None}
+
+
 def stability_verdict(cell: dict[str, Any], max_cv: float) -> str | None:
     """Why a cell measured several times is Unstable (its figure's CV over its repeats above ``max_cv``), or None."""
     res, spec = cell["result"], cell["cell"]
@@ -81,9 +118,9 @@ def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str,
                stability: dict[str, Any] | None = None) -> dict[str, Any]:
     """Loop verdicts per request and the cell's status: over capacity (from the measurement), else looped
     (under the policy), else unstable (repeats spread above ``stability.max_cv``), else valid."""
-    settings = dict(settings)
-    policy = settings.pop("policy", "any")
-    max_fraction = float(settings.pop("max_loop_fraction", 0.1))
+    settings = dict(section_defaults("loops", settings))
+    policy = settings.pop("policy")
+    max_fraction = float(settings.pop("max_loop_fraction"))
     if policy not in POLICIES:
         raise ValueError(f"unknown loop policy {policy!r}; known: {', '.join(POLICIES)}")
     per = [judge_request(row, settings) for row in requests.itertuples(index=False)]
@@ -126,6 +163,8 @@ def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str,
         # acceptance counted over output that loops says little about the drafter
         "spec_acceptance_reliable": (None if res.get("spec_decode_acceptance_rate") is None
                                      else not n_looped),
+        **(client_acceptance(requests, per, int(cell["server"].get("spec_tokens") or 0))
+           if res.get("usage_per_chunk") else {"spec_acceptance_client": None, "spec_acceptance_before_loop": None}),
         "loops_after_natural_end": sum(after_end) if after_end else None,
         "requests": per,
     }

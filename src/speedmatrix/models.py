@@ -1,10 +1,12 @@
-"""Models: synthesize a tiny Gemma-4-architecture model (and its MTP drafter) locally.
+"""Models: synthesized locally, copied from the trained pair the package ships, or downloaded.
 
-The weights are never written: vLLM serves them with ``--load-format dummy``
-(random values). What is written is what vLLM needs to build the model and
-serve text: ``config.json``, a tokenizer trained here on the repository's own
-corpus, and a manifest (``speedmatrix-model.json``) with the recipe and the
-hash of every file, so a run records exactly which model it measured.
+A synthesized model's weights are never written: vLLM serves them with
+``--load-format dummy`` (random values). What is written is what vLLM needs to
+build the model and serve text: ``config.json``, a tokenizer trained here on the
+repository's own corpus, and a manifest (``speedmatrix-model.json``) with the
+recipe and the hash of every file, so a run records exactly which model it
+measured. The trained pair (speedmatrix.training) has real weights; a Hub model
+is pinned to a commit.
 """
 
 from __future__ import annotations
@@ -124,6 +126,11 @@ PRESETS["tiny-gemma4-wide"]["config"].update(hidden_size=128, intermediate_size=
 
 MANIFEST = "speedmatrix-model.json"
 
+# the trained pair the package ships (speedmatrix.training writes it): its folder, its two models, its log
+TRAINED_DIR = Path(__file__).resolve().parent / "data" / "models"
+TRAINED_TARGET, TRAINED_DRAFTER = "tiny-gemma4-trained", "tiny-gemma4-trained-mtp"
+TRAINING_LOG = "training.json"
+
 
 def pad_vocabulary(tok, vocab_size: int):
     """Fill a trained tokenizer's vocabulary with ``<unused_N>`` tokens up to ``vocab_size`` ids.
@@ -170,6 +177,28 @@ def _with_token_ids(cfg: dict[str, Any], vocab_size: int) -> dict[str, Any]:
     return cfg
 
 
+def write_tokenizer_files(out: Path, tok, max_length: int) -> None:
+    """The tokenizer, its config (special tokens, Gemma's chat template) and the generation config."""
+    atomic.write_bytes(out / "tokenizer.json", tok.to_str().encode())
+    atomic.write_json(
+        out / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<bos>",
+            "eos_token": "<eos>",
+            "pad_token": "<pad>",
+            "unk_token": "<unk>",
+            "add_bos_token": True,
+            "model_max_length": max_length,
+            "chat_template": CHAT_TEMPLATE,
+        },
+    )
+    atomic.write_json(
+        out / "generation_config.json",
+        {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID},
+    )
+
+
 def file_hashes(directory: Path) -> dict[str, str]:
     out = {}
     for p in sorted(directory.rglob("*")):
@@ -193,24 +222,7 @@ def synthesize(preset: str, out_dir: str | Path, overrides: dict[str, Any] | Non
     if overrides:
         cfg.update(overrides)
     atomic.write_json(out / "config.json", cfg)
-    atomic.write_bytes(out / "tokenizer.json", tok.to_str().encode())
-    atomic.write_json(
-        out / "tokenizer_config.json",
-        {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "bos_token": "<bos>",
-            "eos_token": "<eos>",
-            "pad_token": "<pad>",
-            "unk_token": "<unk>",
-            "add_bos_token": True,
-            "model_max_length": cfg.get("max_position_embeddings", 8192),
-            "chat_template": CHAT_TEMPLATE,
-        },
-    )
-    atomic.write_json(
-        out / "generation_config.json",
-        {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID},
-    )
+    write_tokenizer_files(out, tok, cfg.get("max_position_embeddings", 8192))
     manifest = {
         "source": "synthesize",
         "preset": preset,
@@ -315,10 +327,44 @@ def download(name: str, repo: str, revision: str, out_dir: str | Path,
     return manifest
 
 
+def install_trained(shipped: str, out_dir: str | Path, root: Path | None = None) -> dict[str, Any]:
+    """Copy a model of the trained pair shipped with the package (speedmatrix.training) into ``out_dir``,
+    checked file by file against the hashes its training recorded."""
+    root = root or TRAINED_DIR
+    log_path = root / TRAINING_LOG
+    if not log_path.exists():
+        raise ModelError(f"no trained models at {root} (no {TRAINING_LOG}): `speedmatrix train-pair` trains them")
+    record = json.loads(log_path.read_text())
+    if shipped not in record.get("files", {}):
+        raise ModelError(f"{root} has no trained model {shipped!r} (it has: {', '.join(record.get('files', {}))})")
+    src = root / shipped
+    if file_hashes(src) != record["files"][shipped]:
+        raise ModelError(f"the files of {src} differ from the hashes {log_path} recorded for them: restore them "
+                         "(git checkout) or train the pair again (`speedmatrix train-pair`)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in record["files"][shipped]:
+        atomic.write_bytes(out / name, (src / name).read_bytes())
+    manifest = {
+        "source": "trained",
+        "trained": shipped,
+        "kind": "drafter" if shipped == TRAINED_DRAFTER else "target",
+        "weights": "trained (speedmatrix.training: its recipe, corpus and loss in training.json)",
+        "training": {k: record.get(k) for k in ("seconds", "train_tokens", "target_eval_loss", "drafter_eval",
+                                                "target_parameters", "drafter_parameters", "corpus")},
+        "files": file_hashes(out),
+    }
+    atomic.write_json(out / MANIFEST, manifest)
+    return manifest
+
+
 def prepare(name: str, spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
-    """The model stage: synthesize a preset, or download a Hub repository at its revision."""
+    """The model stage: synthesize a preset, copy a shipped trained model, or download a Hub repository at
+    its revision."""
     if "synthesize" in spec:
         return synthesize(spec["synthesize"], out_dir)
+    if "trained" in spec:
+        return install_trained(spec["trained"], out_dir)
     return download(name, spec["repo"], spec["revision"], out_dir, spec.get("allow_patterns"))
 
 
@@ -327,7 +373,7 @@ def lock(manifests: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out = {}
     for name, m in sorted(manifests.items()):
         entry = {k: m.get(k) for k in ("source", "repo", "revision_requested", "revision", "pinned", "preset",
-                                       "kind", "weights") if m.get(k) is not None}
+                                       "trained", "kind", "weights", "training") if m.get(k) is not None}
         entry["files"] = m.get("files", {})
         out[name] = entry
     return {"models": out}

@@ -75,7 +75,7 @@ def compare(cell: cells.Cell, url: str, model: str, tokenizer: str, client_cfg: 
             else:
                 load = peers.Load(url=url, model=model, tokenizer=tokenizer, context=cell.context_tokens,
                                   max_tokens=cell.max_tokens, requests=cell.requests, concurrency=cell.concurrency,
-                                  seed=seed)
+                                  seed=seed, sampling=cell.sampling_params)
                 with tempfile.TemporaryDirectory(prefix=f"{who}-") as tmp:
                     try:
                         row = peers.run(table[who], load, peers.python_for(who, settings), Path(tmp), api_key)

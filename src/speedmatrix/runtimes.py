@@ -165,7 +165,7 @@ ENV_PLACEHOLDER = "{{env:{}}}"  # a value taken from the broker's environment at
 
 
 def model_ref(exp: Experiment, name: str, models_dir: str | Path) -> str:
-    """What vLLM is given for a model key: a synthesized model's directory, or the Hub repository id."""
+    """What vLLM is given for a model key: a local model's directory (synthesized, trained), or the Hub id."""
     m = exp.models[name]
     return m["repo"] if "repo" in m else str(Path(models_dir).resolve() / name)
 
@@ -180,9 +180,10 @@ def serve_flags(exp: Experiment, srv: ServerConfig, models_dir: str | Path, port
     flags += flag_args(srv.args)
     if srv.speculative:
         spec = dict(srv.speculative)
-        spec["model"] = model_ref(exp, spec["model"], models_dir)
-        if revisions.get(srv.speculative["model"]):
-            spec["revision"] = revisions[srv.speculative["model"]]
+        if "model" in spec:
+            if revisions.get(spec["model"]):
+                spec["revision"] = revisions[spec["model"]]
+            spec["model"] = model_ref(exp, spec["model"], models_dir)
         flags += ["--speculative-config", json.dumps(spec, sort_keys=True)]
     if srv.api_key_env:
         flags += ["--api-key", ENV_PLACEHOLDER.format(srv.api_key_env)]
@@ -217,8 +218,9 @@ def launch_argv(exp: Experiment, srv: ServerConfig, models_dir: str | Path, port
         command = [_home(part) for part in rt.get("command", DEFAULT_LOCAL_COMMAND)]
         prefix = ["env", *(f"{k}={v}" for k, v in srv.env.items())] if srv.env else []
         return [*prefix, *command, model, *serve_flags(exp, srv, models_dir, port, revisions)]
-    # a synthesized model's directory is mounted into the container at the same path, read-only
-    synthesized = ([str(Path(models_dir).resolve())] if any("synthesize" in m for m in exp.models.values())
+    # a local model's directory (synthesized or trained) is mounted into the container at the same path,
+    # read-only
+    synthesized = ([str(Path(models_dir).resolve())] if any("repo" not in m for m in exp.models.values())
                    else [])
     if kind == "docker":
         # --init: the container's PID 1 passes SIGTERM on to vLLM (without it a stop waits, then kills);
@@ -351,6 +353,9 @@ def launch_spec(exp: Experiment, server_id: str, models_dir: str | Path,
         "model": srv.model,
         "served_model_name": served_name(exp, srv, models_dir),
         "spec_tokens": srv.spec_tokens,
+        # how the drafts are made: the config's method, else an MTP drafter's or a draft model's
+        "spec_method": (None if not srv.speculative else srv.speculative.get("method")
+                        or ("mtp" if manifests[srv.speculative["model"]].get("kind") == "drafter" else "draft_model")),
         "sweep": srv.sweep,
         "sweep_values": srv.sweep_values,
         # "{port}" in the argv is the host port, chosen at start unless the config fixes it

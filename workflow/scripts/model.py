@@ -1,4 +1,4 @@
-"""Rule model: synthesize a tiny dummy-weight model, or download a Hub model at its pinned revision."""
+"""Rule model: synthesize a tiny dummy-weight model, copy a shipped trained one, or download a Hub model."""
 
 from pathlib import Path
 
@@ -11,5 +11,8 @@ with logs.to_file(snakemake.log[0]):
     if manifest["source"] == "huggingface":
         print(f"{spec['repo']} at {spec['revision']} -> commit {manifest['revision']} in {manifest['local_dir']} "
               f"({len(manifest['files'])} files)")
+    elif manifest["source"] == "trained":
+        print(f"trained {spec['trained']} (eval loss {manifest['training']['target_eval_loss']}) in {out_dir}: "
+              f"{sorted(manifest['files'])}")
     else:
         print(f"synthesized {spec['synthesize']} in {out_dir}: {sorted(manifest['files'])}")

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .base import BODY, COMPARED, FIELDS, OURS, Load, Peer
+from .base import COMPARED, FIELDS, OURS, Load, Peer
 
-__all__ = ["BODY", "COMPARED", "FIELDS", "OURS", "Load", "Peer", "differences", "normalized", "problems",
+__all__ = ["COMPARED", "FIELDS", "OURS", "Load", "Peer", "differences", "normalized", "problems",
            "python_for", "run", "summarize", "table"]
 
 

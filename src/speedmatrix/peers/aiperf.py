@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .base import BODY, Load, Peer
+from .base import Load, Peer
 
 
 class AIPerf(Peer):
@@ -27,7 +27,7 @@ class AIPerf(Peer):
                 "--endpoint-type", "completions", "--streaming", "--url", load.url,
                 "--synthetic-input-tokens-mean", str(load.context), "--synthetic-input-tokens-stddev", "0",
                 "--output-tokens-mean", str(load.max_tokens), "--output-tokens-stddev", "0",
-                *[a for k, v in BODY.items() for a in ("--extra-inputs", f"{k}:{json.dumps(v)}")],
+                *[a for k, v in load.body.items() for a in ("--extra-inputs", f"{k}:{json.dumps(v)}")],
                 "--use-server-token-count", "--concurrency", str(load.concurrency),
                 "--request-count", str(load.requests), "--random-seed", str(load.seed),
                 "--output-artifact-dir", str(work / "artifacts"), "--ui-type", "none", *key]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -18,18 +18,10 @@ COMPARED = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl
 # - median_itl_ms: the gap between streamed events, over all gaps (vLLM's ITL); None where a client lacks it
 FIELDS = ("completed", "total_output_tokens", "output_throughput", "median_ttft_ms", "mean_ttft_ms",
           "median_tpot_ms", "median_itl_ms", "duration")
-# What every client's requests carry beside the prompt and max_tokens, as speedmatrix's own (client.py):
-# greedy, EOS ignored, special tokens streamed as text. The last matters where a model emits special tokens:
-# the server then streams an event with empty text for each, which vLLM's client and ours count as a token
-# and AIPerf and GuideLLM do not (their first token is the first event with text). On the H200 the 31B
-# shape's random weights emit <pad> after <pad>: AIPerf counted every request failed, GuideLLM a TTFT of 0.
-BODY: dict[str, Any] = sampling_body(ignore_eos=True)
-
-
 @dataclass(frozen=True)
 class Load:
     """What every client is asked to do: `requests` requests of `context` prompt tokens, `max_tokens` out (EOS
-    ignored), `concurrency` at once, greedy, streamed, against /v1/completions."""
+    ignored), `concurrency` at once, greedy unless `sampling` says, streamed, against /v1/completions."""
 
     url: str
     model: str
@@ -39,6 +31,20 @@ class Load:
     requests: int
     concurrency: int
     seed: int
+    # the cell's sampling (temperature, top_p, seed); {} greedy
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """What every client's requests carry beside the prompt and max_tokens, as speedmatrix's own
+        (client.sampling_body): the cell's sampling (greedy unless it says), EOS ignored, special tokens
+        streamed as text. The last matters where a model emits special tokens: the server then streams an
+        event with empty text for each, which vLLM's client and ours count as a token and AIPerf and
+        GuideLLM do not (their first token is the first event with text). On the H200 the 31B shape's random
+        weights emit <pad> after <pad>: AIPerf counted every request failed, GuideLLM a TTFT of 0. A client
+        sends one seed for all its requests (speedmatrix: seed + the request's index)."""
+        s = self.sampling
+        return sampling_body(True, s.get("temperature", 0), s.get("top_p"), s.get("seed"))
 
 
 class Peer:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .base import BODY, Load, Peer
+from .base import Load, Peer
 
 
 class GuideLLM(Peer):
@@ -27,7 +27,7 @@ class GuideLLM(Peer):
     def argv(self, python: list[str], load: Load, work: Path, api_key: str | None) -> list[str]:
         scenario = {"spec": {
             "backend": {"kind": "openai_http", "target": load.url, "model": load.model,
-                        "request_format": "/v1/completions", "extras": {"body": dict(BODY)}},
+                        "request_format": "/v1/completions", "extras": {"body": load.body}},
             "profile": {"kind": "concurrent", "streams": load.concurrency},
             "data": [{"kind": "synthetic_text", "prompt_tokens": load.context, "output_tokens": load.max_tokens}],
             "tokenizer": {"kind": "huggingface_auto", "model": load.tokenizer},

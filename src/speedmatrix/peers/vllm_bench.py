@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .base import BODY, FIELDS, Load, Peer
+from .base import FIELDS, Load, Peer
 
 
 class VllmBenchServe(Peer):
@@ -31,7 +31,7 @@ class VllmBenchServe(Peer):
                 "--dataset-name", "random", "--random-input-len", str(load.context),
                 "--random-output-len", str(load.max_tokens), "--num-prompts", str(load.requests),
                 "--max-concurrency", str(load.concurrency), "--ignore-eos", "--seed", str(load.seed),
-                "--temperature", "0", "--extra-body", json.dumps(BODY)]
+                "--temperature", str(load.body["temperature"]), "--extra-body", json.dumps(load.body)]
 
     def env(self, environ: dict[str, str], load: Load, api_key: str | None) -> dict[str, str]:
         return {**environ, "OPENAI_API_KEY": api_key} if api_key else dict(environ)  # its bearer token

@@ -97,6 +97,12 @@ def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
                          for k, v in sweep["vary"].items())
         out += _section(sweep.get("title") or f"Sweep {sweep['id']}", f"Sweep `{sweep['id']}`: {vary}.",
                         sections.sweep_tables(matrix, servers))
+    out += _section("Speculative decoding", "Each decode cell of a config with a drafter: the server's acceptance "
+                    "rate (accepted / drafted tokens), mean acceptance length (1 + accepted per step) and acceptance "
+                    "per draft position; the client's reading of the same from each streamed event's tokens, over "
+                    "the whole output and before each request's loop starts (a loop is easy to predict: acceptance "
+                    "over it is inflated); output tok/s against the same cell of the model without a drafter.",
+                    sections.speculative_table(matrix))
     out += decision_blocks(matrix, decisions, targets or [])
     synthesized = [n for n, m in ((models_lock or {}).get("models") or {}).items() if m.get("source") == "synthesize"]
     if synthesized:

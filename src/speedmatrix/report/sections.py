@@ -209,6 +209,34 @@ def sweep_tables(m: pd.DataFrame, servers: list[Any]) -> list[Table | Para]:
     return sweep.capacity()
 
 
+def speculative_table(m: pd.DataFrame) -> Table | None:
+    """Per decode cell of a config with speculation: the server's acceptance (rate, length, per position),
+    the client's (whole output and before loops) and output tok/s against the same cell without speculation
+    (a config of the same model with no drafter; the first such config)."""
+    closed_loop = m["workload"].map(lambda w: workloads.get(w).cut_at_window_end)  # sustained decode
+    dec = m[closed_loop & (m["status"] != "over_capacity")]
+    spec = dec[dec["spec_tokens"] > 0]
+    if spec.empty:
+        return None
+    plain = dec[dec["spec_tokens"] == 0]
+    t = Table(["Config", "Method", "Cell", "k", "Acceptance", "Length", "Per position", "Client: all",
+               "Client: before loop", "tok/s", "vs no speculation"])
+    for r in spec.sort_values(["server_id", "context_tokens", "concurrency"]).itertuples():
+        base = plain[(plain["cell_id"] == r.cell_id) & (plain["model"] == r.model)]
+        base_tok = base.iloc[0]["total_tok_s"] if not base.empty else None
+        per = r.spec_decode_per_position_acceptance
+        per_text = "—" if fmt.missing_list(per) else " / ".join(f"{float(v):.2f}" for v in per)
+        # a run aggregated before these columns existed has none of them
+        method, client_all, client_before = (getattr(r, c, None) for c in (
+            "spec_method", "spec_acceptance_client", "spec_acceptance_before_loop"))
+        t.add(f"`{r.server_id}`", method or "—", f"`{r.cell_id}`", str(int(r.spec_tokens)),
+              fmt.pct(r.spec_acceptance_rate),
+              fmt.whole(r.spec_acceptance_length, "{:.2f}"), per_text, fmt.pct(client_all), fmt.pct(client_before),
+              fmt.num(r.total_tok_s) + ("" if r.status == "valid" else f" ({fmt.status(r.status)})"),
+              fmt.delta(base_tok, r.total_tok_s))
+    return t
+
+
 def _listed(values: Any, show) -> str:
     return "—" if values is None or fmt.missing_list(values) else ", ".join(show(v) for v in values)
 

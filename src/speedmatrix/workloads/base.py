@@ -29,9 +29,9 @@ if TYPE_CHECKING:  # types only: the client is imported where a cell runs
 # name -> the kind; filled by @register as each module of this package is imported
 REGISTRY: dict[str, Workload] = {}
 
-# the part of a cell id after its kind: ctx<N>[-c<M>][-share<P>][-<corpus>]
+# the part of a cell id after its kind: ctx<N>[-c<M>][-share<P>][-<corpus>][-temp<T>]
 # (a search cell ends in -for-<target>)
-CELL_KEY_PATTERN = r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code)?(-for-[a-z][a-z0-9_]*)?"
+CELL_KEY_PATTERN = r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code)?(-temp[0-9.]+)?(-for-[a-z][a-z0-9_]*)?"
 
 
 def _share_label(fraction: float) -> str:
@@ -56,10 +56,16 @@ class Cell:
     # a kind's own settings (canonical JSON; slo_search: its target and stopping rule): part of the cell's
     # definition, so a change measures the cell again
     options: str = ""
+    # sampling instead of greedy (canonical JSON of the block's ``sampling``: temperature, top_p, seed); "" greedy
+    sampling: str = ""
 
     @property
     def opts(self) -> dict[str, Any]:
         return json.loads(self.options) if self.options else {}
+
+    @property
+    def sampling_params(self) -> dict[str, Any]:
+        return json.loads(self.sampling) if self.sampling else {}
 
     @property
     def kind(self) -> Workload:
@@ -74,6 +80,8 @@ class Cell:
             out += f"-share{_share_label(self.shared_prefix)}"
         if self.corpus != "prose":
             out += f"-{self.corpus}"
+        if self.sampling:
+            out += f"-temp{self.sampling_params['temperature']:g}"
         return out + self.kind.id_suffix(self)
 
     def as_dict(self) -> dict[str, Any]:
@@ -91,6 +99,7 @@ class Cell:
             "repeats": self.repeats,
             # only where a kind has settings of its own (the other cells' definitions stay as they were)
             **({"options": self.opts} if self.options else {}),
+            **({"sampling": self.sampling_params} if self.sampling else {}),
         }
 
 
@@ -229,6 +238,11 @@ class Workload:
         """A short label of a cell for comparisons and sweep tables: ``1K-tok`` or ``c8 / 1K``."""
         ctx = fmt.ctx(int(row.context_tokens))
         return f"{ctx}-tok" if self.one_at_a_time else f"c{int(row.concurrency)} / {ctx}"
+
+
+def sampling_of(block: dict[str, Any]) -> str:
+    """A block's ``sampling`` as a cell keeps it (canonical JSON), or "" for greedy."""
+    return json.dumps(block["sampling"], sort_keys=True) if block.get("sampling") else ""
 
 
 def register(cls: type[Workload]) -> type[Workload]:

@@ -8,7 +8,7 @@ from typing import Any
 from .. import client, stats, telemetry
 from ..report import fmt
 from ..report.table import Table
-from .base import Cell, CellRun, Measured, Workload, register
+from .base import Cell, CellRun, Measured, Workload, register, sampling_of
 
 FOOTNOTE = (
     "Looped: the model kept repeating the same text, so this measurement is discarded under the configured "
@@ -64,7 +64,7 @@ class Decode(Workload):
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         return [Cell(server_id, self.name, ctx, c, block["max_tokens"], float(block["duration_s"]),
-                     corpus=block["corpus"], repeats=block.get("repeats", 1))
+                     corpus=block["corpus"], repeats=block.get("repeats", 1), sampling=sampling_of(block))
                 for ctx in block["contexts"] for c in block["concurrency"]]
 
     async def prepare(self, run: CellRun) -> PromptQueue:

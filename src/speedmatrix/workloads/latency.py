@@ -8,7 +8,7 @@ from typing import Any
 from .. import client, stats
 from ..report import fmt
 from ..report.table import Table
-from .base import Cell, CellRun, Measured, Workload, register
+from .base import Cell, CellRun, Measured, Workload, register, sampling_of
 
 
 @register
@@ -22,7 +22,7 @@ class Latency(Workload):
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         return [Cell(server_id, self.name, ctx, 1, block["max_tokens"], requests=block["requests"],
-                     corpus=block["corpus"], repeats=block.get("repeats", 1))
+                     corpus=block["corpus"], repeats=block.get("repeats", 1), sampling=sampling_of(block))
                 for ctx in block["contexts"]]
 
     async def measure(self, run: CellRun, prompts: list) -> Measured:

@@ -7,7 +7,7 @@ from typing import Any
 from .. import client, metrics, stats
 from ..report import fmt
 from ..report.table import Table
-from .base import Cell, CellRun, Measured, Workload, register
+from .base import Cell, CellRun, Measured, Workload, register, sampling_of
 
 PASSES = ("cold", "warm")
 
@@ -27,7 +27,7 @@ class PrefixCache(Workload):
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         return [Cell(server_id, self.name, ctx, c, block["max_tokens"], requests=block["requests"],
                      shared_prefix=float(share), corpus=block["corpus"],
-                     repeats=block.get("repeats", 1))
+                     repeats=block.get("repeats", 1), sampling=sampling_of(block))
                 for share in block["shared_prefix"] for ctx in block["contexts"] for c in block["concurrency"]]
 
     def shared_tokens(self, cell: Cell) -> int:

@@ -24,7 +24,7 @@ from .. import client, slo, stats
 from ..report import fmt
 from ..report.table import Table
 from ..settings import workload_defaults
-from .base import Cell, CellRun, Measured, Workload, register
+from .base import Cell, CellRun, Measured, Workload, register, sampling_of
 
 
 @dataclass
@@ -134,7 +134,8 @@ class SloSearch(Workload):
         options = {"slo": block["slo"], "target": block["target"], "margin": float(block["margin"])}
         return [Cell(server_id, self.name, ctx, int(block["max_concurrency"]), block["max_tokens"],
                      requests=block["requests"], corpus=block["corpus"],
-                     repeats=block.get("repeats", 1), options=json.dumps(options, sort_keys=True))
+                     repeats=block.get("repeats", 1), sampling=sampling_of(block),
+                     options=json.dumps(options, sort_keys=True))
                 for ctx in block["contexts"]]
 
     def manual_cell(self, context: int, concurrency: int, requests: int, max_tokens: int, duration_s: float,
