@@ -268,6 +268,14 @@ def test_a_failed_loop_aggregate_or_report_job_is_counted_with_its_cause(full_ru
         assert s["causes"][0]["cause"] and s["causes"][0]["cause"] != "(failed before writing its log)", s
         assert s["not_run_jobs"] == after and s["done"] == s["jobs"] - 1 - len(after), (job, s)
         assert "1 failed" in out and "0 failed" not in out, out[-2000:]
+    # a model's manifest broken: the jobs that read it fail (the models lock, both configs' launch specs),
+    # every cell of the two configs and what follows is not run; still no server starts
+    (work / "models" / "tiny-gemma4" / "speedmatrix-model.json").write_text("{ not what it should be")
+    again = run_snakemake(work, timeout=300)
+    s = json.loads((res / "run-summary.json").read_text())
+    failed = sorted(j for c in s["causes"] for j in c["jobs"])
+    assert again.returncode != 0 and "base server_launch" in failed and "mtp2 server_launch" in failed, s
+    assert "models_lock" in failed and s["not_run"] > 0 and "0 failed" not in again.stdout + again.stderr
     assert starts(res) == {"base": 1, "mtp2": 1}
 
 

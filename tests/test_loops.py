@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -213,3 +214,17 @@ def test_repeats_that_spread_mark_the_cell_unstable(cv, repeats, status):
     verdict = loopcheck.judge_cell(cell, requests, {}, {"max_cv": 0.1})
     assert verdict["cell_status"] == status
     assert (verdict["status_reason"] or "").startswith("output_throughput CV 25.0%") == (status == "unstable")
+
+
+REAL = json.loads((Path(__file__).parent / "data" / "loops" / "trained-tiny-outputs.json").read_text())
+
+
+@pytest.mark.parametrize("k", [pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=REAL["known_miss_why"]))
+                               if k in REAL["known_miss"] else k for k in range(len(REAL["texts"]))])
+def test_the_trained_tiny_models_real_outputs(k):
+    """Texts the trained tiny target generated in vLLM (greedy ones loop, sampled ones do not), labelled by
+    reading them, judged under the thresholds tiny-cpu-trained sets for its ~130-character outputs: a loop is
+    looped or suspected, the rest neither."""
+    item = REAL["texts"][k]
+    v = loops.detect(item["text"], **REAL["thresholds"])
+    assert (v.looped or v.suspected) == (item["label"] == "loop"), (item["decoding"], item["text"][:120])
