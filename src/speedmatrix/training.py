@@ -200,6 +200,43 @@ def _eval_windows(stream, seq_len: int, count: int = 16):
     return torch.stack([stream[i:i + seq_len + 1] for i in range(0, step * count, step)][:count])
 
 
+def _build(config_cls, model_cls, cfg: dict[str, Any]):
+    """A model from the recipe's config (its keys for vLLM, architectures and model_type, left out)."""
+    return model_cls(config_cls(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type",
+                                                                              "torch_dtype")}))
+
+
+def _fit(name: str, model, part: dict[str, Any], batches, loss_of: Callable, evaluate: Callable[[], dict],
+         train_key: str, log: Callable[[dict], None]) -> None:
+    """``part["steps"]`` steps of AdamW (warmup, then a cosine schedule; gradients clipped at 1), logging the
+    training loss and ``evaluate()`` (in eval mode) every 50 steps and at the end."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    steps = part["steps"]
+    opt = torch.optim.AdamW(params, lr=part["lr"], weight_decay=0.01)
+
+    def evaluated() -> dict:
+        model.eval()
+        try:
+            return evaluate()
+        finally:
+            model.train()
+
+    log({"model": name, "step": 0, **evaluated()})
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, steps, part["lr"], part["warmup"])
+        loss = loss_of(next(batches))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if (step + 1) % 50 == 0 or step + 1 == steps:
+            log({"model": name, "step": step + 1, train_key: round(float(loss.detach()), 4), **evaluated()})
+    model.eval()
+
+
 def _target_loss(model, window):
     out = model(input_ids=window[:, :-1], labels=window[:, 1:].contiguous())
     return out.loss
@@ -234,72 +271,36 @@ def run_training(out_dir: str | Path, changes: dict[str, Any] | None = None,
         record["log"].append(entry)
         progress(json.dumps(entry))
 
-    # ---- the target
-    tcfg_dict = target_config(vocab, recipe)
-    tcfg = Gemma4TextConfig(**{k: v for k, v in tcfg_dict.items() if k not in ("architectures", "model_type",
-                                                                                "torch_dtype")})
-    target = Gemma4ForCausalLM(tcfg)
+    # ---- the target, then the drafter distilled from it (frozen)
+    tcfg_dict, dcfg_dict = target_config(vocab, recipe), drafter_config(vocab, recipe)
+    target = _build(Gemma4TextConfig, Gemma4ForCausalLM, tcfg_dict)
     record["target_parameters"] = sum(p.numel() for p in target.parameters())
-    t = recipe["target"]
-    steps = t["steps"]
-    opt = torch.optim.AdamW(target.parameters(), lr=t["lr"], weight_decay=0.01)
-    gen = torch.Generator().manual_seed(recipe["seed"])
-    batches = _batches(train, seq_len, batch, gen)
+    batches = _batches(train, seq_len, batch, torch.Generator().manual_seed(recipe["seed"]))
 
-    def eval_target() -> float:
-        target.eval()
+    def eval_target() -> dict[str, Any]:
         with torch.no_grad():
-            loss = float(_target_loss(target, evals))
-        target.train()
-        return loss
+            return {"eval_loss": round(float(_target_loss(target, evals)), 4)}
 
-    log({"model": "target", "step": 0, "eval_loss": round(eval_target(), 4)})
-    for step in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = _lr(step, steps, t["lr"], t["warmup"])
-        loss = _target_loss(target, next(batches))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(target.parameters(), 1.0)
-        opt.step()
-        if (step + 1) % 50 == 0 or step + 1 == steps:
-            log({"model": "target", "step": step + 1, "train_loss": round(float(loss.detach()), 4),
-                 "eval_loss": round(eval_target(), 4)})
+    _fit("target", target, recipe["target"], batches, lambda w: _target_loss(target, w), eval_target, "train_loss",
+         log)
     record["target_eval_loss"] = record["log"][-1]["eval_loss"]
-    target.eval()
     for p in target.parameters():
         p.requires_grad_(False)
-
-    # ---- the drafter, distilled from the frozen target
-    dcfg_dict = drafter_config(vocab, recipe)
-    dcfg = Gemma4AssistantConfig(**{k: v for k, v in dcfg_dict.items() if k not in ("architectures", "model_type",
-                                                                                    "torch_dtype")})
-    drafter = Gemma4AssistantForCausalLM(dcfg)
+    drafter = _build(Gemma4AssistantConfig, Gemma4AssistantForCausalLM, dcfg_dict)
     record["drafter_parameters"] = sum(p.numel() for p in drafter.parameters())
-    d = recipe["drafter"]
-    steps = d["steps"]
-    opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=d["lr"], weight_decay=0.01)
+    unrolled = recipe["drafter"]["unrolled_steps"]
 
-    def eval_drafter() -> dict[str, float]:
-        drafter.eval()
+    def eval_drafter() -> dict[str, Any]:
         with torch.no_grad():
-            kl, agree = draft_losses(target, drafter, evals, d["unrolled_steps"])
-        drafter.train()
+            kl, agree = draft_losses(target, drafter, evals, unrolled)
         return {"eval_kl": [round(float(x), 4) for x in kl], "eval_top1_agreement": [round(float(x), 4)
                                                                                       for x in agree]}
 
-    log({"model": "drafter", "step": 0, **eval_drafter()})
-    for step in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = _lr(step, steps, d["lr"], d["warmup"])
-        kl, _ = draft_losses(target, drafter, next(batches), d["unrolled_steps"])
-        loss = sum(kl) / len(kl)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        if (step + 1) % 50 == 0 or step + 1 == steps:
-            log({"model": "drafter", "step": step + 1, "train_kl": round(float(loss.detach()), 4), **eval_drafter()})
+    def drafter_loss(window):
+        kl, _ = draft_losses(target, drafter, window, unrolled)
+        return sum(kl) / len(kl)
+
+    _fit("drafter", drafter, recipe["drafter"], batches, drafter_loss, eval_drafter, "train_kl", log)
     record["drafter_eval"] = {k: record["log"][-1][k] for k in ("eval_kl", "eval_top1_agreement")}
     record["seconds"] = round(time.monotonic() - t0, 1)
 
