@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import aiohttp
 
 from . import __version__, workloads
 from .errors import SpeedmatrixError
-from .settings import ClientSettings, section_defaults
+from .settings import ClientSettings, defaults_of, section_defaults
 
 EPILOG = """\
 The whole pipeline runs through Snakemake (`make run`, or
@@ -35,9 +36,9 @@ def cmd_measure(ns: argparse.Namespace) -> int:
         print(f"speedmatrix measure: {exc}", file=sys.stderr)
         return 2
     if ns.temperature:
-        sampling = {"temperature": ns.temperature, "seed": ns.sampling_seed,
-                    **({"top_p": ns.top_p} if ns.top_p is not None else {})}
-        cell = dataclasses.replace(cell, sampling=json.dumps(sampling, sort_keys=True))
+        given = {"temperature": ns.temperature, "top_p": ns.top_p, "seed": ns.sampling_seed}
+        sampling = defaults_of("sampling", {k: v for k, v in given.items() if v is not None})
+        cell = dataclasses.replace(cell, sampling=workloads.sampling_of({"sampling": sampling}))
     given = {"stall_timeout_s": ns.stall_timeout, "ignore_eos": ns.ignore_eos, "seed": ns.seed,
              "busy_wait_s": ns.busy_wait, "prompt_format": ns.prompt_format, "stop_looping": ns.stop_looping,
              "api": ns.api, "usage_per_chunk": {"auto": "auto", "on": True, "off": False}[ns.usage_per_chunk],
@@ -144,16 +145,9 @@ def cmd_pareto(ns: argparse.Namespace) -> int:
     return 0
 
 
-def walltime_doc() -> str:
-    from . import walltime
-
-    return walltime.__doc__
-
-
-def interference_doc() -> str:
-    from . import interference
-
-    return interference.__doc__
+def _doc(module: str) -> str:
+    """A library module's docstring: the description of the command that runs it."""
+    return importlib.import_module(f"speedmatrix.{module}").__doc__
 
 
 def cmd_walltime(ns: argparse.Namespace) -> int:
@@ -242,8 +236,8 @@ def _add_measure(sub) -> None:
                    "the median, a 95 %% interval (Student's t) and the CV of the repeats")
     b.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (default 0: greedy)")
     b.add_argument("--top-p", type=float, help="with --temperature: nucleus sampling's top_p")
-    b.add_argument("--sampling-seed", type=int, default=0, help="with --temperature: request i is sent with seed "
-                   "SEED + i, so a rerun samples the same")
+    b.add_argument("--sampling-seed", type=int, help="with --temperature: request i is sent with seed SEED + i, so a "
+                   f"rerun samples the same (default {defaults_of('sampling', {})['seed']})")
     b.add_argument("--out", required=True, help="result JSON (requests go beside it as .requests.parquet)")
     b.set_defaults(func=cmd_measure)
     c = b.add_argument_group("client settings (an experiment's client: block; defaults as there)")
@@ -361,7 +355,7 @@ def _add_comparisons(sub) -> None:
 
     it = sub.add_parser(
         "interference", help="what measuring side by side on a GPU pool changed, cell by cell",
-        description=interference_doc())
+        description=_doc("interference"))
     it.add_argument("alone", type=Path, help="results/<experiment> of a run whose cells measured alone")
     it.add_argument("beside", type=Path, help="results/<experiment> of the same experiment on a pool")
     it.add_argument("--again", type=Path, help="a second lone run: the run-to-run spread to compare against")
@@ -387,7 +381,7 @@ def _add_run_commands(sub) -> None:
 
     wt = sub.add_parser(
         "walltime", help="where a finished run's wall time went: server start-ups, measurement windows, the rest",
-        description=walltime_doc(), formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=_doc("walltime"), formatter_class=argparse.RawDescriptionHelpFormatter)
     wt.add_argument("run", type=Path, help="a finished run's folder, results/<experiment>")
     wt.add_argument("--out", type=Path, help="also write the figures as JSON here")
     wt.set_defaults(func=cmd_walltime)

@@ -28,7 +28,7 @@ from . import atomic, cells, peers
 from .client import api_key
 from .errors import ConfigError
 from .job import JobContext
-from .settings import ClientSettings, section_defaults
+from .settings import ClientSettings
 
 OUR_NOTES = ("prompts cut from a text corpus and checked to the exact token count with the server's /tokenize; "
              "greedy; output tokens from the server's usage; TPOT per request, ITL every gap between streamed events")
@@ -39,7 +39,7 @@ def settings_of(exp) -> dict[str, Any]:
 
 
 def clients_of(settings: dict[str, Any]) -> list[str]:
-    return list(section_defaults("reference", settings)["clients"])
+    return list(settings["clients"])  # the experiment's, its schema default filled at load
 
 
 def problems(exp) -> list[str]:

@@ -45,11 +45,13 @@ def _deref(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
-def apply_defaults(data: Any, node: dict[str, Any], root: dict[str, Any]) -> Any:
+def apply_defaults(data: Any, node: dict[str, Any], root: dict[str, Any],
+                   validator: jsonschema.protocols.Validator | None = None) -> Any:
     """Fill every absent key that has a ``default`` in ``node`` (a schema, or a part of ``root``), in
     place and recursively; where the schema says one of several shapes (``oneOf``/``anyOf``), the
     defaults of the shape ``data`` has. ``data`` must already be valid against ``node``."""
     node = _deref(node, root)
+    validator = validator or jsonschema.Draft202012Validator(root)  # one for the whole walk
     if isinstance(data, dict):
         props = node.get("properties", {})
         for key, sub in props.items():
@@ -57,22 +59,20 @@ def apply_defaults(data: Any, node: dict[str, Any], root: dict[str, Any]) -> Any
             if key not in data and "default" in sub_schema:
                 data[key] = copy.deepcopy(sub_schema["default"])
             if key in data:
-                apply_defaults(data[key], sub_schema, root)
+                apply_defaults(data[key], sub_schema, root, validator)
         extra = node.get("additionalProperties")
         if isinstance(extra, dict):
             for key, value in data.items():
                 if key not in props:
-                    apply_defaults(value, extra, root)
+                    apply_defaults(value, extra, root, validator)
     elif isinstance(data, list) and isinstance(node.get("items"), dict):
         for item in data:
-            apply_defaults(item, node["items"], root)
+            apply_defaults(item, node["items"], root, validator)
     branches = node.get("oneOf", []) + node.get("anyOf", [])
-    if branches:
-        validator = jsonschema.Draft202012Validator(root)
-        for branch in branches:
-            if validator.evolve(schema=branch).is_valid(data):
-                apply_defaults(data, branch, root)
-                break
+    for branch in branches:
+        if validator.evolve(schema=branch).is_valid(data):
+            apply_defaults(data, branch, root, validator)
+            break
     return data
 
 
@@ -82,10 +82,11 @@ def section_defaults(section: str, given: dict[str, Any] | None = None) -> dict[
     return apply_defaults(copy.deepcopy(given or {}), root["properties"][section], root)
 
 
-def workload_defaults(kind: str, block: dict[str, Any]) -> dict[str, Any]:
-    """A block of ``workloads.<kind>`` with the kind's defaults filled (``speedmatrix measure``'s cells)."""
+def defaults_of(definition: str, block: dict[str, Any]) -> dict[str, Any]:
+    """``block`` with the defaults of the schema's ``$defs/<definition>`` filled (a workload kind's block,
+    ``sampling``): what ``speedmatrix measure`` builds from its options, as an experiment would have it."""
     root = schema("experiment")
-    return apply_defaults(copy.deepcopy(block), root["$defs"][kind], root)
+    return apply_defaults(copy.deepcopy(block), root["$defs"][definition], root)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import pandas as pd
 from .. import client, slo, stats
 from ..report import fmt
 from ..report.table import Table
-from ..settings import workload_defaults
+from ..settings import defaults_of
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
 
 
@@ -148,7 +148,7 @@ class SloSearch(Workload):
         block = {"contexts": [context], "max_concurrency": concurrency, "requests": requests,
                  "max_tokens": max_tokens, "corpus": corpus, "repeats": repeats,
                  **({"margin": target["margin"]} if "margin" in target else {})}
-        return self.expand("manual", {**workload_defaults(self.name, block), "slo": t.name, "target": t.as_dict()})[0]
+        return self.expand("manual", {**defaults_of(self.name, block), "slo": t.name, "target": t.as_dict()})[0]
 
     def id_suffix(self, cell: Cell) -> str:
         return f"-for-{cell.opts['slo']}"
