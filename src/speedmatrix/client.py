@@ -188,22 +188,27 @@ class _Decoder:
     def feed(self, events: list[bytes], arrived: float) -> bool:
         """Take the whole events that arrived at ``arrived``; True when the stream has ended
         ([DONE], a malformed event or an error event: ``record.error`` says which)."""
-        record = self.record
+        # the per-event state in locals while the events are read (the hot path), written back once
+        record, parts = self.record, self.parts
+        last_usage, held_chars, ended = self.last_usage, self.held_chars, False
         for event in events:
             line = event.strip()
             if not line.startswith(b"data:"):
                 continue
             body = line[5:].strip()
             if body == b"[DONE]":
-                return True
+                ended = True
+                break
             try:
                 msg = _decode_event(body)
             except msgspec.DecodeError:
                 record.error = f"malformed event: {body[:120]!r}"
-                return True
+                ended = True
+                break
             if msg.error is not None:
                 record.error = f"server error event: {str(msg.error)[:200]}"
-                return True
+                ended = True
+                break
             usage = msg.usage.completion_tokens if msg.usage is not None else None
             if not msg.choices:
                 if usage is not None:  # the final usage event: the request's exact total
@@ -216,26 +221,27 @@ class _Decoder:
                 d = choice.delta
                 text = d.content or d.reasoning or d.reasoning_content
             if usage is not None:
-                n = usage - self.last_usage
-                self.last_usage = usage
+                n = usage - last_usage
+                last_usage = usage
             else:
                 # a completions event carries at least one token (the final usage corrects the count);
                 # a chat event without text (the opening role event, a closing event) carries none
                 n = 1 if (text or choice.delta is None) else 0
             if text:
-                self.parts.append(text)
+                parts.append(text)
             if n > 0:
                 if record.first_token is None:
                     record.first_token = arrived
                 record.chunk_times.append(arrived)
                 record.chunk_tokens.append(n)
-                record.chunk_chars.append(self.held_chars + len(text or ""))
-                self.held_chars = 0
+                record.chunk_chars.append(held_chars + len(text or ""))
+                held_chars = 0
             elif text:
-                self.held_chars += len(text)
+                held_chars += len(text)
             if choice.finish_reason:
                 record.finish_reason = choice.finish_reason
-        return False
+        self.last_usage, self.held_chars = last_usage, held_chars
+        return ended
 
 
 async def _read(resp: aiohttp.ClientResponse, record: RequestRecord, stall_timeout_s: float,
