@@ -134,6 +134,15 @@ def gate_files():
     ]
 
 
+def gate_settings(wildcards):
+    """What a gate's verdict depends on besides the server: its settings and the chat template's options
+    (a changed one runs the gate again)."""
+    return {
+        "settings": EXP.raw["gates"][wildcards.gate],
+        "chat_template_kwargs": EXP.client.chat_template_kwargs,
+    }
+
+
 def reference_files():
     wanted = set(EXP.raw.get("reference", {}).get("cells", []))
     return [

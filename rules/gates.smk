@@ -30,5 +30,6 @@ rule gate:
         results_root=results_root,
         idle_timeout_s=IDLE_TIMEOUT_S,
         placement=placement_of("gate"),
+        gate=gate_settings,
     script:
         "../workflow/scripts/gate.py"

@@ -100,13 +100,14 @@ def experiment_variant(work: Path, name: str, base: str, change) -> Path:
 def one_server_experiment(tmp_path: Path, name: str, workloads: dict, servers: list[dict] | None = None,
                           base: str = "tiny-cpu", runtime: dict | None = None) -> Path:
     """Write ``<tmp>/experiments/<name>.yaml``: ``base`` (tiny-cpu) with only its ``base`` server (or
-    ``servers``), these workloads and, if given, changes to its runtime. The servers run without
+    ``servers``), these workloads, no quality gates and, if given, changes to its runtime. The servers run without
     torch.compile (``enforce-eager``): these experiments test the lifecycle, not speed
     (docs/decisions/0013-first-run-and-ci-time.md)."""
 
     def change(data: dict) -> None:
         data["runtime"].update(runtime or {})
         data["servers"] = servers or [{"id": "base"}]
+        data.pop("gates", None)  # the default run's test runs them
         data["server"]["args"]["enforce-eager"] = True
         if workloads:
             data["workloads"] = workloads

@@ -26,21 +26,26 @@ def write(exp_dir, name, mutate):
     (exp_dir / f"{name}.yaml").write_text(yaml.safe_dump(data))
 
 
+def first_decode(data: dict) -> dict:
+    """The default experiment's first decode block (it has two: sampled, and one greedy cell)."""
+    return data["workloads"]["decode"][0]
+
+
 def test_unknown_key_names_file_and_key(exp_dir):
-    write(exp_dir, "bad", lambda d: d["workloads"]["decode"].update(concurency=[1]))
+    write(exp_dir, "bad", lambda d: first_decode(d).update(concurency=[1]))
     with pytest.raises(experiment.ConfigError) as err:
         experiment.load("bad", exp_dir)
     msg = str(err.value)
     assert str(exp_dir / "bad.yaml") in msg
-    assert "workloads.decode.concurency" in msg
+    assert "workloads.decode[0].concurency" in msg
     assert "unknown key" in msg and "concurrency" in msg  # says what is allowed
 
 
 def test_wrong_type_names_file_and_key(exp_dir):
-    write(exp_dir, "bad", lambda d: d["workloads"]["decode"].update(duration_s="four"))
+    write(exp_dir, "bad", lambda d: first_decode(d).update(duration_s="four"))
     with pytest.raises(experiment.ConfigError) as err:
         experiment.load("bad", exp_dir)
-    assert "bad.yaml" in str(err.value) and "workloads.decode.duration_s" in str(err.value)
+    assert "bad.yaml" in str(err.value) and "workloads.decode[0].duration_s" in str(err.value)
 
 
 def test_dangling_model_reference(exp_dir):
@@ -84,7 +89,7 @@ def test_launch_argv_is_a_list_with_values_verbatim(exp_dir):
     argv = runtimes.launch_argv(exp, exp.server("mtp2"), "/models", 8000)
     assert argv[argv.index("--served-model-name") + 1] == "tiny; rm -rf $HOME"
     spec = argv[argv.index("--speculative-config") + 1]
-    assert yaml.safe_load(spec) == {"model": "/models/tiny-gemma4-mtp", "num_speculative_tokens": 2}
+    assert yaml.safe_load(spec) == {"model": "/models/tiny-gemma4-trained-mtp", "num_speculative_tokens": 2}
     assert argv[argv.index("--num-gpu-blocks-override") + 1] == "160"
 
 
@@ -121,7 +126,7 @@ def test_workloads_take_one_block_or_a_list_and_name_every_cell_kind(exp_dir):
 def test_a_bad_value_inside_a_list_of_blocks_names_its_key(exp_dir):
     path = exp_dir / "tiny-cpu.yaml"
     raw = yaml.safe_load(path.read_text())
-    raw["workloads"]["decode"] = [raw["workloads"]["decode"], {**raw["workloads"]["decode"], "corpus": "poetry"}]
+    raw["workloads"]["decode"] = [first_decode(raw), {**first_decode(raw), "corpus": "poetry"}]
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(experiment.ConfigError, match=r"tiny-cpu.yaml: key 'workloads.decode\[1\].corpus'"):
         experiment.load("tiny-cpu", exp_dir)
@@ -134,7 +139,7 @@ def test_the_schemas_defaults_are_applied_once_when_an_experiment_loads(exp_dir)
     exp = experiment.load("bare", exp_dir)
     assert exp.raw["loops"]["policy"] == "any" and exp.raw["stability"]["max_cv"] == 0.1
     assert exp.client.stall_timeout_s == 60 and exp.client.api == "completions" and exp.client.seed == 0
-    assert exp.raw["workloads"]["decode"]["corpus"] == "prose" and exp.raw["workloads"]["prefill"]["requests"] == 3
+    assert first_decode(exp.raw)["corpus"] == "prose" and exp.raw["workloads"]["prefill"]["requests"] == 3
     assert exp.measured_with == {"client": exp.client.as_dict(), "loops": None}
 
 
@@ -143,13 +148,13 @@ def test_a_sampled_block_gives_cells_that_ask_for_it(exp_dir):
     temperature, top_p and seed + i (a greedy cell asks for temperature 0 and no seed)."""
     from speedmatrix import cells
 
-    write(exp_dir, "sampled", lambda d: d["workloads"]["decode"].update(sampling={"temperature": 0.7, "top_p": 0.9}))
+    write(exp_dir, "sampled", lambda d: first_decode(d).update(sampling={"temperature": 0.7, "top_p": 0.9}))
     exp = experiment.load("sampled", exp_dir)
-    sampled = [c for c in exp.cells("base") if c.workload == "decode"]
+    sampled = [c for c in exp.cells("base") if c.workload == "decode" and c.id != "decode-ctx128-c4"]
     assert all(c.id.endswith("-temp0.7") and re.fullmatch(workloads.cell_id_pattern(), c.id) for c in sampled)
     assert sampled[0].as_dict()["sampling"] == {"temperature": 0.7, "top_p": 0.9, "seed": 0}
     body = cells.request_options(sampled[0], exp.client).payload("m", [1, 2], index=3)
     assert (body["temperature"], body["top_p"], body["seed"]) == (0.7, 0.9, 3)
-    greedy = next(c for c in exp.cells("base") if c.workload == "latency")
+    greedy = exp.cell("base", "decode-ctx128-c4")
     body = cells.request_options(greedy, exp.client).payload("m", [1, 2], index=3)
     assert body["temperature"] == 0 and "seed" not in body and "sampling" not in greedy.as_dict()

@@ -85,6 +85,15 @@ def test_default_run_produces_the_output_contract(full_run):
     # no artefact printed as a time: a median gap inside a burst, a clipped interval or a zero time per token
     # is n/m or "up to", never "0.0 ms"
     assert not re.search(r"(?<![\d.,])0\.0 ms", (res / "report.md").read_text())
+    # the trained pair: no "random weights" caveat; the gates ran on its real text, each as the experiment expects
+    # (structured JSON held to the schema by the server's grammar; no chat turn ends, no tool call)
+    report = (res / "report.md").read_text()
+    assert "random weights" not in report and "## Speculative decoding" in report
+    for srv in exp.servers:
+        verdicts = {g: json.loads((res / "gates" / srv.id / f"{g}.json").read_text()) for g in exp.raw["gates"]}
+        assert all(v["as_expected"] for v in verdicts.values()), verdicts
+        assert verdicts["structured_json"]["passed"] and not verdicts["smoke"]["passed"]
+    assert "FAIL, as expected: the model was never trained on tool calls" in report
 
 
 def test_matrix_is_real_and_complete(full_run):
@@ -125,7 +134,13 @@ def test_matrix_is_real_and_complete(full_run):
     prefill = m[m.workload == "prefill"]
     assert (prefill.prompt_tok_s > 0).all()
     spec = m[(m.spec_tokens == 2) & (m.status != "over_capacity") & (m.workload == "decode")]
-    assert spec.spec_acceptance_rate.notna().all()  # random weights: a real rate, near 0
+    assert spec.spec_acceptance_rate.notna().all() and set(spec.spec_method) == {"mtp", "ngram"}
+    # the trained pair, greedy: the drafter's guesses are right often, not always, and less often one further
+    greedy = m.set_index(["server_id", "cell_id"]).loc[("mtp2", "decode-ctx128-c4")]
+    assert 0.1 < greedy.spec_acceptance_rate < 0.95, greedy.spec_acceptance_rate
+    first, second = greedy.spec_decode_per_position_acceptance
+    assert first > second > 0, (first, second)
+    assert 0 <= greedy.spec_acceptance_before_loop <= 1
     reqs = pd.read_parquet(res / "requests.parquet")
     sent = m[m.status != "over_capacity"].set_index(["server_id", "cell_id"])
     passes = sent.workload.map(lambda w: 2 if w == "prefix_cache" else 1)  # a search: every step's (num_requests)
@@ -150,18 +165,34 @@ def test_matrix_is_real_and_complete(full_run):
         assert high.prefix_cache_hit_rate > pc.loc[(sid, 0.25), "prefix_cache_hit_rate"]
     # prefill defeats the prefix cache: a unique start per prompt
     assert (prefill.prefix_cache_hit_rate == 0).all()
+    # open loop: two Poisson rates, each cell with its offered, scheduled and achieved rate and the client's lag;
+    # the warm-up second's requests are sent and kept, not counted
+    rate = m[m.workload == "rate"]
+    assert len(rate) == 4 and set(rate.status) <= {"valid", "client_bound"} and (rate.concurrency == 0).all()
+    assert sorted(rate.offered_rate_rps.unique()) == [2, 8] and rate.achieved_rate_rps.gt(0).all()
+    assert (rate.schedule_lag_p95_ms >= rate.schedule_lag_p50_ms).all() and (rate.counted_requests > 0).all()
+    rreq = reqs[reqs.cell_id.str.startswith("rate-")]
+    assert rreq.scheduled_s.notna().all() and (rreq.start_s >= rreq.scheduled_s).all()
+    warm = rreq[rreq.counted.astype(bool) == False]  # noqa: E712  (object column: other kinds' rows are None)
+    assert len(warm) and set(warm.phase) == {"warmup"} and (warm.scheduled_s < 1).all()
+    assert "### Open-loop rate" in (res / "report.md").read_text()
     lat = m[m.workload == "latency"]
     assert (lat.ttft_ms > 0).all() and (lat.avg_active_requests <= 1.0).all()
     report = (res / "report.md").read_text()
     assert "| Context | 1 | 4 | 16 | 64 |" in report and "Over capacity" in report
     assert "### Prefix cache" in report and "Shared prefix 87.5% — cold" in report and "### Latency" in report
-    # loops: every measured cell has its loop fraction and status under the configured policy (any)
-    assert sent.loop_fraction.notna().all() and "## Loops" in report and "Loop policy `any`" in report
-    assert (sent[sent.looped_requests > 0].status == "looped").all()
+    # loops: every measured cell has its loop fraction and status under the configured policy (fraction, 0.1);
+    # the greedy cell's outputs loop (a small greedy model does), found in the real text
+    assert sent.loop_fraction.notna().all() and "## Loops" in report and "Loop policy `fraction`" in report
+    assert (sent[sent.loop_fraction > 0.1].status == "looped").all()
+    assert (sent[(sent.loop_fraction <= 0.1)].status != "looped").all()
+    assert sent.loc[("base", "decode-ctx128-c4"), "looped_requests"] > 0
     both = sent[["total_tok_s", "total_tok_s_non_looping"]].dropna()
     assert (both.total_tok_s_non_looping <= both.total_tok_s + 1e-9).all()
     assert {"loop_onset_token", "loop_detected_at_token", "chunk_chars", "prompt_format"} <= set(reqs.columns)
-    assert (reqs.prompt_format == "text").all()
+    # prompts go as text of exactly the context's length where the trained tokenizer allows it; where its BPE
+    # merges across the cut (about one in twelve here) as token ids, and each request records which
+    assert set(reqs.prompt_format) == {"text", "token_ids"} and (reqs.prompt_format == "text").mean() > 0.8
 
 
 def test_decisions_targets_goodput_frontier_and_search(full_run):
@@ -183,7 +214,7 @@ def test_decisions_targets_goodput_frontier_and_search(full_run):
     assert m.on_pareto.fillna(False).any() and (m.gpus == 0).all()
     # the search: the answer held, the next concurrency up (or the bound) did not, every step is kept
     search = m[m.workload == "slo_search"]
-    assert len(search) == len(exp.servers)
+    assert len(search) == len({c.server_id for c in exp.cells() if c.workload == "slo_search"}) == 2
     reqs = pd.read_parquet(res / "requests.parquet")
     for (sid, cid), r in search.iterrows():
         steps = json.loads(r.slo_search_steps)
@@ -224,10 +255,10 @@ def test_rederive_gives_the_runs_matrix_again(full_run, tmp_path):
 def test_one_server_start_per_server_config(full_run):
     work, proc, _, _ = full_run
     res = work / "results" / "tiny-cpu"
-    assert starts(res) == {"base": 1, "mtp2": 1}
+    assert starts(res) == {"base": 1, "mtp2": 1, "ngram2": 1}
     m = pd.read_parquet(res / "matrix.parquet")
     measured = m[m.status != "over_capacity"]
-    assert measured.groupby("server_id").server_start_id.nunique().to_dict() == {"base": 1, "mtp2": 1}
+    assert measured.groupby("server_id").server_start_id.nunique().to_dict() == {"base": 1, "mtp2": 1, "ngram2": 1}
 
 
 def test_nothing_left_running_after_success(full_run):
@@ -241,7 +272,7 @@ def test_second_run_has_nothing_to_do(full_run):
     again = run_snakemake(work, timeout=300)
     assert again.returncode == 0
     assert "Nothing to be done" in again.stdout + again.stderr
-    assert starts(work / "results" / "tiny-cpu") == {"base": 1, "mtp2": 1}
+    assert starts(work / "results" / "tiny-cpu") == {"base": 1, "mtp2": 1, "ngram2": 1}
 
 
 def test_a_failed_loop_aggregate_or_report_job_is_counted_with_its_cause(full_run):
@@ -268,15 +299,15 @@ def test_a_failed_loop_aggregate_or_report_job_is_counted_with_its_cause(full_ru
         assert s["causes"][0]["cause"] and s["causes"][0]["cause"] != "(failed before writing its log)", s
         assert s["not_run_jobs"] == after and s["done"] == s["jobs"] - 1 - len(after), (job, s)
         assert "1 failed" in out and "0 failed" not in out, out[-2000:]
-    # a model's manifest broken: the jobs that read it fail (the models lock, both configs' launch specs),
-    # every cell of the two configs and what follows is not run; still no server starts
-    (work / "models" / "tiny-gemma4" / "speedmatrix-model.json").write_text("{ not what it should be")
+    # a model's manifest broken: the jobs that read it fail (the models lock, the three configs' launch specs),
+    # every cell of the configs and what follows is not run; still no server starts
+    (work / "models" / "tiny-gemma4-trained" / "speedmatrix-model.json").write_text("{ not what it should be")
     again = run_snakemake(work, timeout=300)
     s = json.loads((res / "run-summary.json").read_text())
     failed = sorted(j for c in s["causes"] for j in c["jobs"])
     assert again.returncode != 0 and "base server_launch" in failed and "mtp2 server_launch" in failed, s
     assert "models_lock" in failed and s["not_run"] > 0 and "0 failed" not in again.stdout + again.stderr
-    assert starts(res) == {"base": 1, "mtp2": 1}
+    assert starts(res) == {"base": 1, "mtp2": 1, "ngram2": 1}
 
 
 # --------------------------------------------------------------------------- failures

@@ -130,7 +130,7 @@ def test_a_model_missing_offline_fails_in_the_summary_with_one_error_line(tmp_pa
         "latency": {"contexts": [128], "requests": 1, "max_tokens": 4}})
     path = exp_dir / "offline.yaml"
     data = yaml.safe_load(path.read_text())
-    data["models"]["tiny-gemma4"] = {"repo": "speedmatrix-test/not-cached", "revision": "main"}
+    data["models"]["tiny-gemma4-trained"] = {"repo": "speedmatrix-test/not-cached", "revision": "main"}
     path.write_text(yaml.safe_dump(data))
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-empty")}
     old = dict(os.environ)
@@ -144,10 +144,10 @@ def test_a_model_missing_offline_fails_in_the_summary_with_one_error_line(tmp_pa
     assert proc.returncode != 0
     res = tmp_path / "results/offline"
     s = json.loads((res / "run-summary.json").read_text())
-    assert s["failed"] == 1 and s["causes"][0]["jobs"] == ["model tiny-gemma4"], s
+    assert s["failed"] == 1 and s["causes"][0]["jobs"] == ["model tiny-gemma4-trained"], s
     assert "not in the Hugging Face cache" in s["causes"][0]["cause"]
     assert s["done"] + s["failed"] + s["not_run"] == s["jobs"] and "base/latency-ctx128" in s["not_run_jobs"]
     assert "1 failed" in out and "0 failed" not in out
-    log = (res / "logs/models/tiny-gemma4.log").read_text()
+    log = (res / "logs/models/tiny-gemma4-trained.log").read_text()
     assert "Traceback" not in log and log.count("ERROR: ") == 1
     assert not (res / "servers/base/startup.json").exists()

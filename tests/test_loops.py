@@ -223,7 +223,7 @@ REAL = json.loads((Path(__file__).parent / "data" / "loops" / "trained-tiny-outp
                                if k in REAL["known_miss"] else k for k in range(len(REAL["texts"]))])
 def test_the_trained_tiny_models_real_outputs(k):
     """Texts the trained tiny target generated in vLLM (greedy ones loop, sampled ones do not), labelled by
-    reading them, judged under the thresholds tiny-cpu-trained sets for its ~130-character outputs: a loop is
+    reading them, judged under the thresholds tiny-cpu sets for its ~130-character outputs: a loop is
     looped or suspected, the rest neither."""
     item = REAL["texts"][k]
     v = loops.detect(item["text"], **REAL["thresholds"])

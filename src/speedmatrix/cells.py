@@ -275,12 +275,13 @@ def _check(cell: Cell, url: str, records: list[client.RequestRecord], finished: 
         kinds = sorted({r.error for r in records if r.error})[:3]
         raise CellError(f"{failed} of {n} requests failed: {'; '.join(kinds)}")
     peak = gauges["server_running_max"]
-    if ((peak is not None and peak + (gauges["server_waiting_max"] or 0) > cell.concurrency)
+    bound = cell.kind.in_flight_bound(cell, n)
+    if ((peak is not None and peak + (gauges["server_waiting_max"] or 0) > bound)
             or (finished is not None and finished > n)):
         raise CellError(
             f"the server at {url} served requests that were not this cell's during it (it finished "
             f"{finished if finished is None else int(finished)} requests, the cell sent {n}; most running at once "
-            f"{peak if peak is None else int(peak)}, the cell's concurrency {cell.concurrency}): the figures "
+            f"{peak if peak is None else int(peak)}, the cell's bound {bound}): the figures "
             "are not this cell's. Give the benchmark the server to itself and run again.")
 
 
@@ -391,13 +392,15 @@ def request_table(records: list[client.RequestRecord], ident: dict[str, Any]) ->
             "chunk_chars": r.chunk_chars,
             "phase": r.phase,
             "repeat": r.repeat,
+            "scheduled_s": r.scheduled,
+            "counted": r.counted,
             "text": r.text,
         })
     cols = ["request_index", "worker", "prompt_tokens", "start_s", "ttft_ms", "end_s", "output_tokens", "chunks",
             "finish_reason", "cut_at_window_end", "error", "tokens_reconciled", "prompt_format", "server_prompt_tokens",
             "loop_detected_at_token",
             "natural_end_char",
-            "stopped_for_loop", "chunk_tokens", "chunk_chars", "phase", "repeat", "text"]
+            "stopped_for_loop", "chunk_tokens", "chunk_chars", "phase", "repeat", "scheduled_s", "counted", "text"]
     return pd.DataFrame(rows, columns=list(ident) + cols)
 
 

@@ -164,6 +164,10 @@ class RequestRecord:
     # the prompt's length as the server counted it (final usage event); with the chat API it
     # includes the chat template's tokens around the prompt text
     server_prompt_tokens: int | None = None
+    # open loop (rate cells): when the schedule said to send it (seconds since t0; ``start`` is when it was sent),
+    # and whether the cell's figures count it (a warm-up request is sent and not counted)
+    scheduled: float | None = None
+    counted: bool = True
 
     @property
     def output_tokens(self) -> int:
@@ -474,3 +478,41 @@ async def sequential(
             await stream_completion(session, base_url, model, prompt, opts, rec, t0)
             out.append(rec)
     return out
+
+
+async def open_loop(
+    base_url: str,
+    model: str,
+    prompts: list[PromptLike],
+    schedule: list[float],
+    opts: RequestOptions,
+    counted: Callable[[float], bool] = lambda _t: True,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[float, list[RequestRecord]]:
+    """Open-loop arrivals: request i is sent at ``t0 + schedule[i]`` whether or not earlier ones have ended (no
+    cap on requests in flight); each runs to its end. Every record keeps its scheduled and actual send time
+    (the lag is the client's: a late wake-up of this process, never a wait for the server). Returns (t0,
+    records in send order)."""
+    records: list[RequestRecord] = []
+    tasks: list[asyncio.Task] = []
+    # no connection limit: a limit would hold a request back inside the HTTP library, unseen by the lag
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)) as session:
+        t0 = time.monotonic()
+        last_report = 0.0
+        for i, at in enumerate(schedule):
+            wait = t0 + at - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            prompt, n, fmt = _unpack(prompts[i])
+            rec = RequestRecord(index=i, worker=0, prompt_tokens=n, start=time.monotonic() - t0, prompt_format=fmt,
+                                scheduled=at, counted=counted(at), phase="" if counted(at) else "warmup")
+            records.append(rec)
+            tasks.append(asyncio.create_task(stream_completion(session, base_url, model, prompt, opts, rec, t0)))
+            if progress and rec.start - last_report >= 1.0:
+                last_report = rec.start
+                done = sum(1 for t in tasks if t.done())
+                progress(f"t={rec.start:.1f}s sent={len(records)} ended={done} "
+                         f"lag={1000 * (rec.start - at):.1f}ms")
+        await asyncio.gather(*tasks)
+    return t0, records

@@ -11,6 +11,15 @@ never raises for a wrong answer: a failure is a result, shown in the report.
   passes when it parses and validates.
 - ``tool_calls``: N requests offering one tool; passes when every one calls
   it with arguments that parse and hold the required key.
+
+The schema and the tool bound their strings and numbers (a city name of at
+most 64 characters, a population below 10^10): a server's structured output
+(a grammar) then holds any model's answer to a finite JSON document, and the
+structured JSON gate tests that the grammar path works end to end; what the
+answer says is the model's. A gate set ``expect: fail`` (a model that was
+never trained to answer questions or call tools) still runs; its verdict
+says whether it went as expected (``as_expected``), and the report shows a
+failure it expected as such, not as a regression.
 """
 
 from __future__ import annotations
@@ -33,7 +42,9 @@ JSON_PROMPT = ("Describe the city of Paris as a JSON object with the keys name (
                "and population (an integer). Answer with the JSON object only.")
 JSON_SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string"}, "country": {"type": "string"}, "population": {"type": "integer"}},
+    "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 64},
+                   "country": {"type": "string", "minLength": 1, "maxLength": 64},
+                   "population": {"type": "integer", "minimum": 0, "maximum": 10**10}},
     "required": ["name", "country", "population"],
     "additionalProperties": False,
 }
@@ -42,7 +53,8 @@ TOOL = {
     "function": {
         "name": "get_weather",
         "description": "The current weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 64}},
+                       "required": ["city"]},
     },
 }
 TOOL_CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Perth", "Quito", "Seoul", "Dakar", "Hanoi"]
@@ -137,8 +149,9 @@ def run(gate: str, url: str, model: str, headers: dict[str, str], settings: dict
         verdict = func(url, model, headers, settings, chat_kwargs, timeout)
     except requests.RequestException as exc:
         verdict = {"passed": False, "reason": f"request failed: {type(exc).__name__}: {exc}"[:300]}
-    return {"gate": gate, **verdict, "settings": settings, "chat_template_kwargs": chat_template_kwargs,
-            "seconds": round(time.monotonic() - t0, 3)}
+    return {"gate": gate, **verdict, "expect": settings["expect"],
+            "as_expected": verdict["passed"] == (settings["expect"] == "pass"), "settings": settings,
+            "chat_template_kwargs": chat_template_kwargs, "seconds": round(time.monotonic() - t0, 3)}
 
 
 def run_rule(job: JobContext, gate: str, out_json: str) -> dict[str, Any]:
@@ -153,5 +166,7 @@ def run_rule(job: JobContext, gate: str, out_json: str) -> dict[str, Any]:
         startup = info["startup"]
     doc = {"experiment": exp.name, "server_id": job.server_id, **verdict, "provenance": job.provenance(startup)}
     atomic.write_json(out_json, doc)
-    print(f"gate {gate}: {'passed' if verdict['passed'] else 'FAILED: ' + str(verdict.get('reason'))}")
+    said = "passed" if verdict["passed"] else "FAILED: " + str(verdict.get("reason"))
+    print(f"gate {gate}: {said}" + ("" if verdict["as_expected"] else f" (expected to {verdict['expect']})")
+          + (f" (expected: {settings.get('because')})" if verdict["expect"] == "fail" else ""))
     return doc

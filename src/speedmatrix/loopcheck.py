@@ -130,7 +130,7 @@ def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str,
     suspected = sum(p["loop_suspected"] for p in per) / n if n else None
     res = cell["result"]
     status = res["status"]
-    reason = None
+    reason = res.get("status_reason")  # a measurement's own verdict (client_bound: why)
     if status == "valid" and fraction and (policy == "any" or (policy == "fraction" and fraction > max_fraction)):
         status = "looped"
         reason = f"{n_looped} of {n} requests looped"

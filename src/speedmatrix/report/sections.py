@@ -386,6 +386,19 @@ def _error_line(error: str) -> str:
 GATE_LABELS = {"smoke": "Smoke", "structured_json": "Structured JSON", "tool_calls": "Tool calls"}
 
 
+def gate_verdict_text(gate: str, d: dict[str, Any]) -> str:
+    """PASS, or FAIL with its reason; a gate the experiment expects to fail says so (and why), and a pass it
+    did not expect is called unexpected."""
+    text = "PASS" if d["passed"] else f"FAIL: {str(d.get('reason'))[:80]}"
+    if gate == "tool_calls" and "valid" in d and d["passed"]:
+        text += f" ({d['valid']}/{d['count']})"
+    if d.get("expect") == "fail":
+        because = (d.get("settings") or {}).get("because")
+        text = (f"FAIL, as expected{': ' + because if because else ''} ({text[6:]})" if not d["passed"]
+                else f"{text} (unexpected: expected to fail)")
+    return text
+
+
 def gates_table(gates: list[dict[str, Any]]) -> Table:
     """Seed 003's quality gates: one row per server config, PASS or FAIL with the reason."""
     names = [g for g in GATE_LABELS if any(d["gate"] == g for d in gates)]
@@ -397,10 +410,7 @@ def gates_table(gates: list[dict[str, Any]]) -> Table:
             if d is None:
                 vals.append("—")
                 continue
-            text = "PASS" if d["passed"] else f"FAIL: {str(d.get('reason'))[:80]}"
-            if g == "tool_calls" and "valid" in d:
-                text += f" ({d['valid']}/{d['count']})" if d["passed"] else ""
-            vals.append(text.replace("|", "/"))
+            vals.append(gate_verdict_text(g, d).replace("|", "/"))
         t.add(sid, *vals)
     return t
 

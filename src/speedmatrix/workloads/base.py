@@ -30,8 +30,9 @@ if TYPE_CHECKING:  # types only: the client is imported where a cell runs
 REGISTRY: dict[str, Workload] = {}
 
 # the part of a cell id after its kind: ctx<N>[-c<M>][-share<P>][-<corpus>][-temp<T>]
-# (a search cell ends in -for-<target>)
-CELL_KEY_PATTERN = r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code)?(-temp[0-9.]+)?(-for-[a-z][a-z0-9_]*)?"
+# (a rate cell ends in -r<rate>-<arrival>, a search cell in -for-<target>)
+CELL_KEY_PATTERN = (r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code)?(-temp[0-9.]+)?"
+                    r"(-r[0-9.]+-(constant|poisson|gamma[0-9.]+))?(-for-[a-z][a-z0-9_]*)?")
 
 
 def _share_label(fraction: float) -> str:
@@ -74,7 +75,7 @@ class Cell:
     @property
     def id(self) -> str:
         out = f"{self.workload}-ctx{self.context_tokens}"
-        if not self.kind.one_at_a_time:
+        if self.kind.concurrency_in_id and not self.kind.one_at_a_time:
             out += f"-c{self.concurrency}"
         if self.shared_prefix is not None:
             out += f"-share{_share_label(self.shared_prefix)}"
@@ -174,6 +175,8 @@ class Workload:
     slo: ClassVar[bool] = True
     # it searches for a load (slo_search): its concurrency is the search's upper bound, not a load it held
     searches: ClassVar[bool] = False
+    # its cells are held at a concurrency, named in their ids (open-loop cells are not: their load is a rate)
+    concurrency_in_id: ClassVar[bool] = True
 
     # ---- the experiment ----------------------------------------------------
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
@@ -191,6 +194,11 @@ class Workload:
         """KV tokens the cell needs at once: every request at full context plus its output cap
         (more than the server has: the cell is over capacity and not sent)."""
         return cell.concurrency * (cell.context_tokens + cell.max_tokens)
+
+    def in_flight_bound(self, cell: Cell, sent: int) -> int:
+        """The most requests of this cell the server may hold at once (running + waiting) when ``sent`` were
+        sent: more means someone else's requests were served during the cell."""
+        return cell.concurrency
 
     # ---- latency targets -----------------------------------------------------
     def slo_targets(self, cell: dict[str, Any], targets: list) -> list:

@@ -1,0 +1,120 @@
+"""Open-loop arrivals at a request rate: requests sent on a seeded schedule whether or not the server keeps up.
+
+Each cell is one rate of a block's ``rates`` with its arrival process (constant,
+Poisson, gamma with a burstiness): its schedule, window rule and client-bound
+verdict are ``speedmatrix.arrivals``. A cell is not held at a concurrency: its
+``concurrency`` is 0 (open loop), and how many requests were in flight is a
+figure (``avg_active_requests``), not a setting.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from .. import arrivals, client, stats
+from ..report import fmt
+from ..report.table import Table
+from .base import Cell, CellRun, Measured, Workload, register, sampling_of
+
+FOOTNOTE = (
+    "Open loop: requests are sent on their schedule whether or not earlier ones have ended. Offered: the rate "
+    "asked for; scheduled: the rate the seeded schedule drew in the window; achieved: the rate the client "
+    "sent at. Lag: how late the client sent a request against its schedule. Client-bound: the client fell "
+    "behind its schedule (the lag's p95 over the cell's limit, or the achieved rate under its share of the "
+    "scheduled one): the figure is the client's, not the server's, and is not published as the server's."
+)
+
+
+def arrival_of(cell: Cell) -> arrivals.Arrival:
+    """The cell's arrival process and window (its options)."""
+    o = cell.opts
+    return arrivals.Arrival(rate=o["rate"], kind=o["arrival"], burstiness=o["burstiness"],
+                            duration_s=float(cell.duration_s), warmup_s=o["warmup_s"], seed=o["seed"])
+
+
+@register
+class Rate(Workload):
+    name = "rate"
+    order = 5
+    title = "Open-loop rate"
+    blurb = "requests sent on a seeded schedule at each rate; offered against achieved rate, send lag, latency"
+    footnote = FOOTNOTE
+    concurrency_in_id = False
+    stability_figure = "output_throughput"
+    matrix_columns = ("arrival", "offered_rate_rps", "scheduled_rate_rps", "achieved_rate_rps",
+                      "schedule_lag_p50_ms", "schedule_lag_p95_ms", "schedule_lag_max_ms", "counted_requests")
+
+    def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
+        out = []
+        for ctx in block["contexts"]:
+            for rate in block["rates"]:
+                options = {"rate": rate, "arrival": block["arrival"], "burstiness": block["burstiness"],
+                           "warmup_s": block["warmup_s"], "seed": block["seed"], "lag_limit_ms": block["lag_limit_ms"],
+                           "min_achieved": block["min_achieved"]}
+                out.append(Cell(server_id, self.name, ctx, 0, block["max_tokens"], float(block["duration_s"]),
+                                corpus=block["corpus"], repeats=block.get("repeats", 1),
+                                options=json.dumps(options, sort_keys=True), sampling=sampling_of(block)))
+        return out
+
+    def id_suffix(self, cell: Cell) -> str:
+        return f"-r{cell.opts['rate']:g}-{arrival_of(cell).label()}"
+
+    def needed_kv_tokens(self, cell: Cell) -> int:
+        """One request's: an open-loop cell holds no concurrency; the server queues what does not fit."""
+        return cell.context_tokens + cell.max_tokens
+
+    def in_flight_bound(self, cell: Cell, sent: int) -> int:
+        return sent
+
+    async def prepare(self, run: CellRun) -> tuple[list[float], list]:
+        schedule = arrival_of(run.cell).schedule(run.repeat)
+        prompts = await run.build([run.source.prompt(i, run.cell.context_tokens, run.salt)
+                                   for i in range(len(schedule))])
+        return schedule, prompts
+
+    async def measure(self, run: CellRun, prepared: tuple[list[float], list]) -> Measured:
+        cell, (schedule, prompts) = run.cell, prepared
+        arrival = arrival_of(cell)
+        run.progress(f"rate: {arrival.rate:g} req/s {arrival.label()} for {arrival.duration_s:g} s "
+                     f"({len(schedule)} requests scheduled, warm-up {arrival.warmup_s:g} s), context "
+                     f"{cell.context_tokens}")
+        _, records = await client.open_loop(run.url, run.model, prompts, schedule, run.opts,
+                                            lambda t: arrivals.counted(t, arrival), run.progress)
+        kept = [r for r in records if r.counted]
+        sends = [(r.scheduled, r.start) for r in kept]
+        ends = [r.end for r in kept if r.end is not None]
+        keeping = arrivals.keeping(sends, ends, arrival, cell.opts["lag_limit_ms"], cell.opts["min_achieved"])
+        first = min((r.start for r in kept), default=0.0)
+        shifted = [replace(r, start=r.start - first, chunk_times=[t - first for t in r.chunk_times],
+                           first_token=None if r.first_token is None else r.first_token - first,
+                           end=None if r.end is None else r.end - first) for r in kept]
+        figures = stats.fixed(shifted, keeping["span_s"] or 0.0)
+        figures.update(keeping)
+        figures["warmup_requests"] = len(records) - len(kept)
+        figures["num_requests"] = len(records)  # every request sent (requests.parquet); the figures: counted_requests
+        if keeping["client_bound"]:
+            figures["status"] = "client_bound"
+            figures["status_reason"] = keeping["client_bound_reason"]
+        return Measured(figures, records)
+
+    def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
+                      provenance: dict[str, Any]) -> dict[str, Any]:
+        return {k: result.get(k) for k in self.matrix_columns}
+
+    def report_table(self, m) -> Table:
+        t = Table(["Context", "Rate", "Status", "Offered / scheduled / achieved req/s", "Send lag p50 / p95",
+                   "Output tok/s", "TTFT p50", "TTFT p95", "Completed"])
+        for r in m.sort_values(["context_tokens", "offered_rate_rps"]).itertuples():
+            ok = r.status != "over_capacity"
+            rates = " / ".join(fmt.num(v) for v in (r.offered_rate_rps, r.scheduled_rate_rps, r.achieved_rate_rps))
+            lag = f"{fmt.ms(r.schedule_lag_p50_ms)} / {fmt.ms(r.schedule_lag_p95_ms)}"
+            t.add(fmt.ctx(int(r.context_tokens)), f"{fmt.num(r.offered_rate_rps)} {r.arrival}", fmt.status(r.status),
+                  rates if ok else "—", lag if ok else "—", fmt.num(r.total_tok_s) if ok else "—",
+                  fmt.ms(r.ttft_ms) if ok else "—", fmt.ms(r.p95_ttft_ms) if ok else "—",
+                  fmt.integer(r.completed_requests) if ok else "—")
+        return t
+
+    def cell_label(self, row: Any) -> str:
+        return f"{fmt.num(row.offered_rate_rps)} req/s / {fmt.ctx(int(row.context_tokens))}"

@@ -1,0 +1,75 @@
+"""Open-loop rate cells: seeded schedules, the window rule, and a client that cannot keep its schedule named as such.
+
+The measurements here run against ``fault_server`` (a test fixture that streams at once), so the client is the
+only thing that can fall behind; the default run's test measures rate cells on the real CPU vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from test_client_faults import _measure
+
+from fault_server import app
+from speedmatrix import arrivals, workloads
+from speedmatrix.workloads import Cell
+
+
+def rate_cell(rate: float, duration_s: float, arrival: str = "poisson", burstiness: float = 1.0,
+              warmup_s: float = 0.0, lag_limit_ms: float = 100, max_tokens: int = 4) -> Cell:
+    block = {"contexts": [32], "rates": [rate], "arrival": arrival, "burstiness": burstiness,
+             "duration_s": duration_s, "warmup_s": warmup_s, "seed": 0, "lag_limit_ms": lag_limit_ms,
+             "min_achieved": 0.9, "max_tokens": max_tokens, "corpus": "prose"}
+    return workloads.get("rate").expand("manual", block)[0]
+
+
+def test_schedules_are_seeded_and_shaped_by_their_arrival():
+    poisson = arrivals.Arrival(rate=50, kind="poisson", duration_s=40)
+    a, b = poisson.schedule(1), poisson.schedule(1)
+    assert a == b and a != poisson.schedule(2)  # the same cell and repeat: the same schedule
+    assert all(0 <= t < 40 for t in a) and a == sorted(a)
+    assert abs(len(a) / 40 - 50) < 50 * 0.1  # about the rate
+    assert abs(arrivals.gap_cv(a) - 1) < 0.1  # exponential gaps: CV 1
+    const = arrivals.Arrival(rate=4, kind="constant", duration_s=2).schedule()
+    assert const == pytest.approx([0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75])
+    bursty = arrivals.Arrival(rate=50, kind="gamma", burstiness=0.25, duration_s=40).schedule()
+    smooth = arrivals.Arrival(rate=50, kind="gamma", burstiness=4, duration_s=40).schedule()
+    # gamma gaps of shape k have CV 1/sqrt(k): 2 for 0.25, 0.5 for 4
+    assert arrivals.gap_cv(bursty) == pytest.approx(2, rel=0.15)
+    assert arrivals.gap_cv(smooth) == pytest.approx(0.5, rel=0.15)
+
+
+def test_rate_cells_are_named_by_rate_and_arrival():
+    cell = rate_cell(2.5, 10, "gamma", 0.5)
+    assert cell.id == "rate-ctx32-r2.5-gamma0.5" and cell.concurrency == 0
+    assert re.fullmatch(workloads.cell_id_pattern(), cell.id)
+    assert rate_cell(4, 10).id == "rate-ctx32-r4-poisson"
+    assert cell.as_dict()["options"]["burstiness"] == 0.5  # recorded in the cell
+
+
+def test_a_rate_the_client_keeps_is_valid_with_its_lag_and_rates():
+    cell = rate_cell(20, 2, "constant", warmup_s=0.5)
+    result, records = _measure(cell, app())
+    assert result["status"] == "valid", result.get("status_reason")
+    assert len(records) == 40 and result["warmup_requests"] == 10 and result["counted_requests"] == 30
+    assert [r.phase for r in records[:10]] == ["warmup"] * 10 and all(r.counted for r in records[10:])
+    assert result["offered_rate_rps"] == 20 and result["scheduled_rate_rps"] == pytest.approx(20)
+    assert result["achieved_rate_rps"] == pytest.approx(20, rel=0.1)
+    assert 0 <= result["schedule_lag_p50_ms"] <= result["schedule_lag_p95_ms"] <= result["schedule_lag_max_ms"] < 100
+    # every request's scheduled and actual send time is kept
+    assert all(r.start >= r.scheduled for r in records)
+    assert np.allclose([r.scheduled for r in records], [i / 20 for i in range(40)])
+
+
+def test_a_client_driven_past_what_it_can_send_is_client_bound():
+    """20,000 requests a second for a twentieth of a second: this process cannot open connections that fast, so the
+    cell's figure would be the client's. It is measured, kept, and marked client-bound with the reason."""
+    cell = rate_cell(20_000, 0.05, "constant", lag_limit_ms=20)
+    result, records = _measure(cell, app())
+    assert result["status"] == "client_bound"
+    assert "p95 send lag" in result["status_reason"] and result["schedule_lag_p95_ms"] > 20
+    assert len(records) == 1_000 and result["completed"] > 0
+    json.dumps(result)  # the verdict and its figures are a cell's JSON
