@@ -19,6 +19,7 @@ validate(config, "config/schemas/config.schema.yaml")
 include: "rules/common.smk"
 include: "rules/pin.smk"
 include: "rules/model.smk"
+include: "rules/datasets.smk"
 include: "rules/serve.smk"
 include: "rules/cells.smk"
 include: "rules/loops.smk"
@@ -37,6 +38,7 @@ localrules:
     pin_runtime,
     model,
     models_lock,
+    datasets_lock,
     server_launch,
     loops,
     aggregate,
@@ -53,6 +55,7 @@ rule all:
         f"{RESULTS}/requests.parquet",
         f"{RESULTS}/decisions.parquet",
         f"{RESULTS}/models.lock",
+        datasets_lock_file(),
 
 
 onstart:

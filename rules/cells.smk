@@ -11,6 +11,7 @@ for kind in WORKLOADS:
         input:
             launch=f"{RESULTS}/servers/{{server_id}}/launch.json",
             lock=f"{RESULTS}/runtime.lock.json",
+            dataset=dataset_file_of(kind),
         output:
             json=f"{RESULTS}/cells/{{server_id}}/{kind}-{{cell_key}}.json",
             requests=f"{RESULTS}/cells/{{server_id}}/{kind}-{{cell_key}}.requests.parquet",

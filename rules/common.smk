@@ -192,11 +192,34 @@ def server_spec(wildcards):
 
 
 def cell_spec_of(kind):
-    # the cell's whole definition (requests, output cap, duration, ...): a change re-measures it
+    # the cell's whole definition (requests, output cap, duration, its dataset's spec): a change re-measures it
     def cell_spec(wildcards):
-        return EXP.cell(wildcards.server_id, cell_id_of(kind)(wildcards)).as_dict()
+        cell = EXP.cell(wildcards.server_id, cell_id_of(kind)(wildcards))
+        spec = EXP.dataset_of(cell)
+        return {**cell.as_dict(), **({"dataset": spec} if spec else {})}
 
     return cell_spec
+
+
+def dataset_files():
+    # the experiment's local dataset files
+    return [s["path"] for s in (EXP.raw.get("datasets") or {}).values() if "path" in s]
+
+
+def datasets_lock_file():
+    # the datasets' lock, where the experiment has datasets
+    return [f"{RESULTS}/datasets.lock"] if EXP.raw.get("datasets") else []
+
+
+def dataset_file_of(kind):
+    # a cell's local dataset file: a changed file re-measures the cell
+    def dataset_file(wildcards):
+        spec = EXP.dataset_of(
+            EXP.cell(wildcards.server_id, cell_id_of(kind)(wildcards))
+        )
+        return [spec["path"]] if spec and "path" in spec else []
+
+    return dataset_file
 
 
 def cell_priority(wildcards):

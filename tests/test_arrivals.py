@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -73,3 +74,49 @@ def test_a_client_driven_past_what_it_can_send_is_client_bound():
     assert "p95 send lag" in result["status_reason"] and result["schedule_lag_p95_ms"] > 20
     assert len(records) == 1_000 and result["completed"] > 0
     json.dumps(result)  # the verdict and its figures are a cell's JSON
+
+
+def test_saturation_is_a_queue_that_grows_through_the_window():
+    """Synthetic request times: a server that keeps up (every request 0.2 s, TTFT 20 ms) and one whose queue grows
+    (each request waits longer than the one before). The verdict, and Little's law on the steady one."""
+    steady = [(i * 0.1, i * 0.1 + 0.001, i * 0.1 + 0.021, i * 0.1 + 0.2) for i in range(60)]
+    v = arrivals.saturation(steady)
+    assert not v["saturated"] and v["littles_law_ratio"] == pytest.approx(1, abs=0.05)
+    growing = [(i * 0.1, i * 0.1, i * 0.1 + 0.02 + 0.05 * i, i * 0.1 + 0.2 + 0.05 * i) for i in range(60)]
+    v = arrivals.saturation(growing)
+    assert v["saturated"] and v["ttft_trend_rho"] > 0.99 and v["ttft_growth"] > 2 and v["in_flight_growth"] > 1.5
+    assert "queue grew" in v["saturation_reason"] and v["littles_law_ratio"] < 0.8
+    assert not arrivals.saturation(growing[:5])["saturated"]  # too few requests to say
+
+
+def test_the_reference_asks_vllm_bench_serve_for_the_same_arrivals(tmp_path):
+    """A rate cell in the reference: vllm bench serve gets every request of the schedule at the rate, with the
+    cell's gamma shape (Poisson: 1) and no concurrency cap; speedmatrix measures it without a warm-up, as the
+    others are asked. Constant arrivals (which vllm bench serve does not draw) and clients that cannot send at a
+    rate are refused before any server starts."""
+    import yaml
+
+    from conftest import REPO
+    from speedmatrix import experiment, peers, reference
+
+    cell = rate_cell(4, 5, "gamma", burstiness=0.5, warmup_s=1)
+    load = peers.Load(**cell.kind.reference_load(cell), concurrency=0, url="http://x", model="m", tokenizer="/t",
+                      context=32, max_tokens=4, seed=1)
+    assert load.requests == len(arrivals.Arrival(4, "gamma", 0.5, 5, 1).schedule(1))
+    vb = peers.table()["vllm_bench_serve"].argv(["py"], load, tmp_path, None)
+    assert vb[vb.index("--request-rate"):][:4] == ["--request-rate", "4", "--burstiness", "0.5"]
+    assert "--max-concurrency" not in vb and vb[vb.index("--num-prompts") + 1] == str(load.requests)
+    assert cell.kind.for_reference(cell).opts["warmup_s"] == 0
+    data = yaml.safe_load((REPO / "config/experiments/tiny-cpu.yaml").read_text())
+    data["workloads"]["rate"].update(arrival="constant")
+    data["reference"] = {"cells": ["rate-ctx128-temp0.7-r2-constant"], "clients": ["vllm_bench_serve"]}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(experiment.ConfigError, match="constant arrivals: vllm bench serve draws Poisson or gamma"):
+        experiment.load("c", tmp_path)
+    data["workloads"]["rate"].update(arrival="poisson")
+    # (aiperf looked for in this Python, where it is not: its import check answers at once)
+    data["reference"] = {"cells": ["rate-ctx128-temp0.7-r2-poisson"], "clients": ["vllm_bench_serve", "aiperf"],
+                         "python": {"aiperf": sys.executable}}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
+    found = reference.problems(experiment.load("p", tmp_path))
+    assert any("aiperf cannot send open-loop arrivals at a rate" in p for p in found), found

@@ -74,14 +74,15 @@ def test_fixed_count_keeps_concurrency_and_counts_every_request():
     assert s["p95_ttft_ms"] >= s["median_ttft_ms"] > 0
 
 
-def _measure(cell, fixture_app, client_cfg=None):
+def _measure(cell, fixture_app, client_cfg=None, dataset=None):
     from speedmatrix import cells
 
     async def go():
         async with TestServer(fixture_app) as srv:
             url = str(srv.make_url("")).rstrip("/")
             settings = ClientSettings.from_config(client_cfg or {"stall_timeout_s": 5})
-            return await cells.measure(cell, cells.MeasureInput(url, "ok", settings, progress=lambda m: None))
+            return await cells.measure(cell, cells.MeasureInput(url, "ok", settings, progress=lambda m: None,
+                                                                dataset=dataset))
     return asyncio.run(go())
 
 

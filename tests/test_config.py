@@ -128,7 +128,8 @@ def test_a_bad_value_inside_a_list_of_blocks_names_its_key(exp_dir):
     raw = yaml.safe_load(path.read_text())
     raw["workloads"]["decode"] = [first_decode(raw), {**first_decode(raw), "corpus": "poetry"}]
     path.write_text(yaml.safe_dump(raw))
-    with pytest.raises(experiment.ConfigError, match=r"tiny-cpu.yaml: key 'workloads.decode\[1\].corpus'"):
+    with pytest.raises(experiment.ConfigError, match=r"tiny-cpu.yaml: key 'workloads.decode\[1\].corpus': 'poetry' "
+                       r"is not a built-in corpus \(prose, code\) nor one of the experiment's datasets \(snippets\)"):
         experiment.load("tiny-cpu", exp_dir)
 
 

@@ -153,9 +153,11 @@ def test_matrix_is_real_and_complete(full_run):
     assert (sent.server_metrics == "present").all() and (sent.ignore_eos == False).all()  # noqa: E712
     # prefix cache: the warm pass finds the shared part cached, more of it at 87.5 % than at 25 %. (The cache
     # hits whole blocks: at 25 % of 1,024 tokens the shared part is about two 128-token blocks, and a run
-    # where the text's tokens merge across its end can hit none of them, so only >= there.)
+    # where the text's tokens merge across its end can hit none of them: no order between the passes there;
+    # one CI run had mtp2's warm pass at 3 of 64 blocks against the cold pass's 5.)
     pc = m[m.workload == "prefix_cache"].set_index(["server_id", "shared_prefix"])
-    assert (pc.prefix_cache_hit_rate >= pc.cold_prefix_cache_hit_rate).all()
+    high_share = pc.xs(0.875, level="shared_prefix")
+    assert (high_share.prefix_cache_hit_rate >= high_share.cold_prefix_cache_hit_rate).all()
     # The cold pass hits too once its first request has cached the shared part (c4: seed 000's cold row is
     # 83.9 %), so warm > cold is not guaranteed: one CI run had both passes at 49 of 64 blocks (76.6 %).
     # What the mechanism must show: most of the shared part hits when warm, more at 87.5 % than at 25 %.
@@ -168,7 +170,8 @@ def test_matrix_is_real_and_complete(full_run):
     # open loop: two Poisson rates, each cell with its offered, scheduled and achieved rate and the client's lag;
     # the warm-up second's requests are sent and kept, not counted
     rate = m[m.workload == "rate"]
-    assert len(rate) == 4 and set(rate.status) <= {"valid", "client_bound"} and (rate.concurrency == 0).all()
+    assert len(rate) == 4 and set(rate.status) <= {"valid", "client_bound", "saturated"}
+    assert (rate.concurrency == 0).all() and rate.littles_law_ratio.between(0, 1.5).all()
     assert sorted(rate.offered_rate_rps.unique()) == [2, 8] and rate.achieved_rate_rps.gt(0).all()
     assert (rate.schedule_lag_p95_ms >= rate.schedule_lag_p50_ms).all() and (rate.counted_requests > 0).all()
     rreq = reqs[reqs.cell_id.str.startswith("rate-")]
@@ -176,6 +179,17 @@ def test_matrix_is_real_and_complete(full_run):
     warm = rreq[rreq.counted.astype(bool) == False]  # noqa: E712  (object column: other kinds' rows are None)
     assert len(warm) and set(warm.phase) == {"warmup"} and (warm.scheduled_s < 1).all()
     assert "### Open-loop rate" in (res / "report.md").read_text()
+    # a dataset cell: the shipped snippets as they are (lengths of their own), each request with its category; the
+    # dataset pinned in datasets.lock and in the cell's result; the report's table per category
+    ds = m[m.cell_id.str.contains("-data-snippets")]
+    assert len(ds) == 2 and set(ds.status) <= {"valid", "unstable", "looped"}
+    dreq = reqs[reqs.cell_id.str.contains("-data-snippets")]
+    assert set(dreq.category) == {"code", "docstring", "prose"} and dreq.prompt_tokens.nunique() > 3
+    lock = json.loads((res / "datasets.lock").read_text())["snippets"]
+    cell = json.loads((res / "cells/mtp2" / f"{ds.cell_id.iloc[0]}.json").read_text())
+    assert cell["result"]["dataset"] == lock and lock["records"] == 24 and len(lock["sha256"]) == 64
+    assert cell["result"]["prefix_cache_state"].startswith("fresh")  # each cell says what it started from
+    assert "## By dataset category" in (res / "report.md").read_text()
     lat = m[m.workload == "latency"]
     assert (lat.ttft_ms > 0).all() and (lat.avg_active_requests <= 1.0).all()
     report = (res / "report.md").read_text()

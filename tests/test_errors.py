@@ -89,7 +89,10 @@ def test_preflight_names_a_missing_runtime_command(tmp_path):
 
 
 def test_a_missing_api_key_is_generated_for_the_run_and_not_shown(monkeypatch):
-    monkeypatch.delenv("SPEEDMATRIX_API_KEY", raising=False)
+    # set, then removed, through monkeypatch: the key generated below is taken away after the test (a key left in
+    # this process's environment reached every later test's clients)
+    monkeypatch.setenv("SPEEDMATRIX_API_KEY", "")
+    monkeypatch.delenv("SPEEDMATRIX_API_KEY")
     exp = experiment.load("seed002-gemma4-26b-a4b-nvfp4-speed-matrix-tiny", REPO / "config/experiments")
     assert preflight.api_keys(exp) == ["SPEEDMATRIX_API_KEY"]
     assert len(os.environ["SPEEDMATRIX_API_KEY"]) >= 24
@@ -109,9 +112,9 @@ def test_an_unknown_vllm_flag_fails_once_per_config_with_vllms_words(tmp_path):
     assert proc.returncode != 0
     assert wait_no_vllm(30) == []
     s = json.loads(Path(tmp_path / "results/bogus/run-summary.json").read_text())
-    # every job of the run is counted: done before the server (pin, two models, models.lock, the launch spec),
-    # the two cells failed on the one cause, their loop verdicts, the aggregation and the report not run
-    assert (s["jobs"], s["done"], s["failed"], s["not_run"]) == (11, 5, 2, 4) and len(s["causes"]) == 1
+    # every job of the run is counted: done before the server (pin, two models, models.lock, datasets.lock, the
+    # launch spec), the two cells failed on the one cause, their loop verdicts, the aggregation and the report not run
+    assert (s["jobs"], s["done"], s["failed"], s["not_run"]) == (12, 6, 2, 4) and len(s["causes"]) == 1
     assert sorted(s["not_run_jobs"])[:2] == ["aggregate", "loops base/decode-ctx128-c1"]
     assert "server base failed to start" in s["causes"][0]["cause"]
     assert "unrecognized arguments: --bogus-flag" in s["causes"][0]["cause"]

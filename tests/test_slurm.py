@@ -77,7 +77,7 @@ def starts(res: Path) -> dict[str, int]:
 SERVERS = [
     {"id": "base", "workloads": {**LIFECYCLE_WORKLOADS,
                                  "latency": {"contexts": [128], "requests": 2, "max_tokens": 16}}},
-    {"id": "mtp2", "speculative": {"model": "tiny-gemma4-mtp", "num_speculative_tokens": 2},
+    {"id": "mtp2", "speculative": {"model": "tiny-gemma4-trained-mtp", "num_speculative_tokens": 2},
      "workloads": {"latency": {"contexts": [128], "requests": 2, "max_tokens": 16},
                    "decode": {"contexts": [128], "concurrency": [1, 4], "duration_s": 2, "max_tokens": 32}}},
 ]

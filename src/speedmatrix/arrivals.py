@@ -18,6 +18,20 @@ are counted; none is scheduled after the window. Every request runs to its end
 whole, and the cell's rates are over the span from the first counted send to
 the last counted end.
 
+**Saturation.** An open-loop cell whose server cannot keep up has a queue that
+grows through the window: later requests wait longer for their first token and
+more requests are in flight when each is sent. The cell is ``saturated`` when
+both hold over its counted requests in order of their scheduled time: time to
+first token rises (Spearman's rank correlation with the scheduled time at least
+0.5, and the median of the last third at least twice the first third's), and
+the requests in flight at each send grow (the last third's median at least 1.5
+times the first third's, and at least 2 more). Its figures are kept but are not
+a steady state, and no decision uses them. Little's law (requests in flight =
+arrival rate x time in the system) is checked on every cell over the span its
+requests were sent in: ``littles_law_ratio`` is the mean in flight measured
+there over the send rate times the mean time in the system; near 1 in a
+steady state, below where a queue outlasts the span.
+
 **The client's own limit.** A request's lag is its actual send time minus its
 scheduled one. A cell whose client fell behind (the lag's 95th percentile above
 ``lag_limit_ms``, or the achieved send rate below ``min_achieved`` of the rate
@@ -113,6 +127,46 @@ def keeping(sends: list[tuple[float, float]], ends: list[float], arrival: Arriva
                        f"(under {min_achieved:.0%})")
     out["client_bound"] = bool(reasons)
     out["client_bound_reason"] = "; ".join(reasons) or None
+    return out
+
+
+def _thirds(values: list[float]) -> tuple[float, float]:
+    k = max(1, len(values) // 3)
+    return float(np.median(values[:k])), float(np.median(values[-k:]))
+
+
+def _spearman(x: list[float], y: list[float]) -> float:
+    rx, ry = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
+    return float(np.corrcoef(rx, ry)[0, 1]) if len(x) > 2 and np.std(rx) and np.std(ry) else 0.0
+
+
+def saturation(requests: list[tuple[float, float, float | None, float | None]]) -> dict[str, Any]:
+    """Whether the server's queue grew through the window (see the module's text), from the counted requests'
+    (scheduled, sent, first token, end) times, with the figures the verdict rests on and Little's law."""
+    done = sorted(r for r in requests if r[2] is not None and r[3] is not None)
+    out: dict[str, Any] = {"saturated": False, "saturation_reason": None, "ttft_trend_rho": None,
+                           "ttft_growth": None, "in_flight_growth": None, "littles_law_ratio": None}
+    if len(done) < 2:
+        return out
+    ttft = [f - s for _, s, f, _ in done]
+    starts, ends = np.sort([r[1] for r in done]), np.sort([r[3] for r in done])
+    sends = np.array([r[1] for r in done])  # requests sent and not ended at each send (itself included)
+    in_flight = list(np.searchsorted(starts, sends, "right") - np.searchsorted(ends, sends, "right"))
+    rho = _spearman([r[0] for r in done], ttft)
+    (t0, t1), (q0, q1) = _thirds(ttft), _thirds(in_flight)
+    # Little's law over the span the requests were sent in: the mean in flight there against the send rate times
+    # the mean time in the system (a queue that outlasts the span, or a window too short for the requests'
+    # lives, puts it below 1)
+    a, b = float(sends.min()), float(sends.max())
+    inside = sum(max(0.0, min(e, b) - max(s, a)) for _, s, _, e in done)
+    latency = float(np.mean([e - s for _, s, _, e in done]))
+    little = (inside / (b - a)) / ((len(done) - 1) / (b - a) * latency) if b > a and latency > 0 else None
+    out.update(ttft_trend_rho=rho, ttft_growth=t1 / t0 if t0 > 0 else None,
+               in_flight_growth=q1 / q0 if q0 > 0 else None, littles_law_ratio=little)
+    if len(done) >= 6 and rho >= 0.5 and t1 >= 2 * t0 and q1 >= 1.5 * q0 and q1 >= q0 + 2:  # fewer: too few to say
+        out["saturated"] = True
+        out["saturation_reason"] = (f"queue grew through the window: TTFT {1000 * t0:.0f} -> {1000 * t1:.0f} ms "
+                                    f"(rank correlation {rho:.2f}), in flight {q0:g} -> {q1:g} at a send")
     return out
 
 

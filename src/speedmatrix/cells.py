@@ -17,14 +17,14 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pandas as pd
 
-from . import atomic, client, loops, metrics, prompts, stats, telemetry
+from . import atomic, client, datasets, loops, metrics, prompts, stats, telemetry
 from .errors import CellError
 from .job import JobContext
 from .settings import ClientSettings
@@ -172,6 +172,13 @@ class MeasureInput:
     kv_tokens_fallback: int | None = None  # the KV cache size the server logged, where /metrics lacks it
     tokenizer_dir: str | None = None  # the model's files: prompts wanted in a window are made here
     progress: Callable[[str], None] = print
+    dataset: list | None = None  # a dataset cell's records (speedmatrix.datasets.Record), in the dataset's order
+
+
+def _tagged(made: list[prompts.Prompt], id_lists: list[list[int]]) -> list[prompts.Prompt]:
+    """Made prompts with what their ids carried of a dataset record (category, output cap)."""
+    return [replace(p, category=getattr(ids, "category", None), max_tokens=getattr(ids, "max_tokens", None))
+            if isinstance(ids, prompts.Tagged) else p for p, ids in zip(made, id_lists)]
 
 
 class _Prompts:
@@ -186,8 +193,12 @@ class _Prompts:
 
     async def open(self) -> _Prompts:
         inp, cell = self.inp, self.cell
-        self.source = await prompts.from_server(self.session, inp.url, inp.model, seed=self.seed, kind=cell.corpus,
-                                                nonce=self.nonce, headers=client.auth_headers())
+        if inp.dataset is not None:
+            self.source = await prompts.from_dataset(self.session, inp.url, inp.model, inp.dataset, seed=self.seed,
+                                                     nonce=self.nonce, headers=client.auth_headers())
+        else:
+            self.source = await prompts.from_server(self.session, inp.url, inp.model, seed=self.seed,
+                                                    kind=cell.corpus, nonce=self.nonce, headers=client.auth_headers())
         self.aligner = (prompts.TextAligner(self.session, inp.url, inp.model, client.auth_headers())
                         if inp.client.prompt_format == "text" else None)
         # prompts wanted while a window measures are made with the model's tokenizer on this machine,
@@ -204,14 +215,17 @@ class _Prompts:
         return self
 
     async def build(self, id_lists: list[list[int]]) -> list:
-        """The prompts as sent: text checked by the server's tokenizer, or the ids themselves."""
-        return await self.aligner.many(id_lists, self.source.corpus_ids[:256]) if self.aligner else id_lists
+        """The prompts as sent: text checked by the server's tokenizer, or the ids themselves (a dataset
+        prompt's category and output cap kept)."""
+        if not self.aligner:
+            return id_lists
+        return _tagged(await self.aligner.many(id_lists, self.source.corpus_ids[:256]), id_lists)
 
     async def in_window(self, id_lists: list[list[int]]) -> list:
         """Prompts wanted while a window measures: local where the tokenizer is here, else the server's
         (counted: the cell says how many it had to make that way)."""
         if self.local is not None:
-            return await self.local.many(id_lists, self.source.corpus_ids[:256])
+            return _tagged(await self.local.many(id_lists, self.source.corpus_ids[:256]), id_lists)
         if self.aligner is not None:
             self.server_calls_in_window += len(id_lists)
         return await self.build(id_lists)
@@ -224,7 +238,12 @@ class _Prompts:
         if self.aligner and self.aligner.fallbacks:
             self.inp.progress(f"{self.aligner.fallbacks} prompt(s) could not be made exact as text and were sent "
                               "as token ids")
+        skipped = getattr(self.source, "skipped", {}).get(self.cell.context_tokens)
+        if skipped:
+            self.inp.progress(f"{skipped} dataset prompt(s) longer than the {self.cell.context_tokens}-token context "
+                              "were skipped")
         return {
+            **({"dataset_prompts_skipped": skipped} if skipped is not None else {}),
             "prompt_builder": ("local tokenizer" if self.local is not None else
                                "server" if self.aligner is not None else "token ids"),
             "prompts_built_by_server_in_window": self.server_calls_in_window,
@@ -312,7 +331,8 @@ async def measure(cell: Cell, inp: MeasureInput) -> tuple[dict[str, Any], list[c
         before_raw = await _scrape(session, url)
         kv = metrics.cache_info(before_raw)["kv_cache_size_tokens"] or inp.kv_tokens_fallback
         need = needed_kv_tokens(cell)
-        base = _asked(opts, settings, nonce) | {"kv_cache_size_tokens": kv, "needed_kv_tokens": need,
+        base = _asked(opts, settings, nonce) | {"prefix_cache_state": cell.kind.cache_state,
+                                                "kv_cache_size_tokens": kv, "needed_kv_tokens": need,
                                                 "server_metrics": "present" if before_raw else "absent"}
         if kv is not None and need > kv:
             progress(f"over capacity: needs {need} KV tokens, the server has {kv}; not sent")
@@ -394,13 +414,16 @@ def request_table(records: list[client.RequestRecord], ident: dict[str, Any]) ->
             "repeat": r.repeat,
             "scheduled_s": r.scheduled,
             "counted": r.counted,
+            "category": r.category,
+            "request_max_tokens": r.max_tokens,
             "text": r.text,
         })
     cols = ["request_index", "worker", "prompt_tokens", "start_s", "ttft_ms", "end_s", "output_tokens", "chunks",
             "finish_reason", "cut_at_window_end", "error", "tokens_reconciled", "prompt_format", "server_prompt_tokens",
             "loop_detected_at_token",
             "natural_end_char",
-            "stopped_for_loop", "chunk_tokens", "chunk_chars", "phase", "repeat", "scheduled_s", "counted", "text"]
+            "stopped_for_loop", "chunk_tokens", "chunk_chars", "phase", "repeat", "scheduled_s", "counted", "category",
+            "request_max_tokens", "text"]
     return pd.DataFrame(rows, columns=list(ident) + cols)
 
 
@@ -466,7 +489,10 @@ def run(job: JobContext, cell_id: str, out_json: str, out_requests: str) -> dict
     progress = print
     progress(f"cell {server_id}/{cell_id}: {cell.as_dict()}")
     job.use_api_key()
-    key = measurement_key(cell, launch, job.lock, exp.measured_with)
+    spec = exp.dataset_of(cell)
+    records, dataset_lock = datasets.load(cell.corpus, spec) if spec else (None, None)
+    # a dataset cell's measurement depends on the dataset's content too (the others' keys stay as they were)
+    key = measurement_key(cell, launch, job.lock, {**exp.measured_with, **({"dataset": dataset_lock} if spec else {})})
     stored_json, stored_requests = store_paths(job.results, server_id, cell_id, key)
     if restore(stored_json, stored_requests, out_json, out_requests):
         doc = atomic.read_json(out_json)
@@ -479,7 +505,7 @@ def run(job: JobContext, cell_id: str, out_json: str, out_requests: str) -> dict
                  f"(KV cache {startup.get('kv_cache_size_tokens')} tokens)")
         inp = MeasureInput(info["url"], launch["served_model_name"], exp.client, exp.loops, launch.get("eos_text"),
                            gpu_env(launch, info), startup.get("kv_cache_size_tokens"), launch.get("model_dir"),
-                           progress)
+                           progress, dataset=records)
         result, records = asyncio.run(measure(cell, inp))
         if result.get("failed"):
             # requests failed: keep the cell only if its server is still the same healthy server
@@ -490,6 +516,8 @@ def run(job: JobContext, cell_id: str, out_json: str, out_requests: str) -> dict
                                 f"failed ({result['errors_by_kind']}); see {job.server_dir}/server.log")
     # the other cells that measured while this one did (a GPU pool runs configs side by side)
     result["beside"] = info.get("beside") or []
+    if dataset_lock:
+        result["dataset"] = dataset_lock  # its source, revision and hash: part of the cell's provenance
     doc = {
         "experiment": exp.name,
         "cell": cell.as_dict(),

@@ -116,7 +116,9 @@ class RequestOptions:
     def path(self) -> str:
         return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
 
-    def payload(self, model: str, prompt: list[int] | str, index: int = 0) -> dict[str, Any]:
+    def payload(self, model: str, prompt: list[int] | str, index: int = 0, max_tokens: int | None = None
+                ) -> dict[str, Any]:
+        """The request's body; ``max_tokens``: a dataset prompt's own cap (the cell's caps it)."""
         extra: dict[str, Any] = {}
         if self.api == "chat":
             if not isinstance(prompt, str):
@@ -129,7 +131,7 @@ class RequestOptions:
         return {
             **extra,
             "model": model,
-            "max_tokens": self.max_tokens,
+            "max_tokens": self.max_tokens if max_tokens is None else max(1, min(max_tokens, self.max_tokens)),
             **sampling_body(self.ignore_eos, self.temperature, self.top_p,
                             None if self.seed is None else self.seed + index),
             "stream": True,
@@ -168,6 +170,9 @@ class RequestRecord:
     # and whether the cell's figures count it (a warm-up request is sent and not counted)
     scheduled: float | None = None
     counted: bool = True
+    # a dataset prompt: its record's category, and its own output cap (its reference output's length)
+    category: str | None = None
+    max_tokens: int | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -305,7 +310,8 @@ async def stream_completion(
     watch = OnlineWatch(**opts.loop_thresholds) if opts.watch_loops else None
     decoder = _Decoder(record)
     try:
-        async with session.post(f"{base_url}{opts.path}", json=opts.payload(model, prompt, record.index),
+        body = opts.payload(model, prompt, record.index, record.max_tokens)
+        async with session.post(f"{base_url}{opts.path}", json=body,
                                 headers=auth_headers() if headers is None else headers) as resp:
             record.error = await _refused(resp)
             buf = b""
@@ -343,14 +349,16 @@ async def stream_completion(
 PromptLike = Any  # a list of token ids, or a speedmatrix.prompts.Prompt (text with its token count)
 
 
-def _unpack(p: PromptLike) -> tuple[str | list[int], int, str]:
-    """(what to send, its token count, its format)."""
+def _unpack(p: PromptLike) -> tuple[str | list[int], int, dict[str, Any]]:
+    """(what to send, its token count, what its request records of it: format, a dataset's category and
+    output cap)."""
+    tags = {"category": getattr(p, "category", None), "max_tokens": getattr(p, "max_tokens", None)}
     if isinstance(p, list):
-        return p, len(p), "token_ids"
-    return p.value, p.tokens, p.format
+        return list(p), len(p), {"prompt_format": "token_ids", **tags}
+    return p.value, p.tokens, {"prompt_format": p.format, **tags}
 
 
-async def _resolve(make_prompt: Callable[[int], Any], i: int) -> tuple[str | list[int], int, str]:
+async def _resolve(make_prompt: Callable[[int], Any], i: int) -> tuple[str | list[int], int, dict[str, Any]]:
     """Request i's prompt, unpacked; make_prompt may be async."""
     p = make_prompt(i)
     return _unpack(await p if inspect.isawaitable(p) else p)
@@ -405,9 +413,8 @@ async def closed_loop(
         async def worker(w: int) -> None:
             while time.monotonic() < deadline:
                 i = next(counter)
-                prompt, n, fmt = await _resolve(make_prompt, i)
-                rec = RequestRecord(index=i, worker=w, prompt_tokens=n, start=time.monotonic() - t0,
-                                    prompt_format=fmt)
+                prompt, n, tags = await _resolve(make_prompt, i)
+                rec = RequestRecord(index=i, worker=w, prompt_tokens=n, start=time.monotonic() - t0, **tags)
                 records.append(rec)
                 await stream_completion(session, base_url, model, prompt, opts, rec, t0, deadline)
                 if rec.error and not rec.cut_at_window_end:
@@ -450,9 +457,9 @@ async def fixed_count(
 
         async def worker(w: int) -> None:
             for i in queue:
-                prompt, n, fmt = await _resolve(make_prompt, i)
+                prompt, n, tags = await _resolve(make_prompt, i)
                 rec = RequestRecord(index=i, worker=w, prompt_tokens=n, start=time.monotonic() - t0,
-                                    phase=phase, prompt_format=fmt)
+                                    phase=phase, **tags)
                 records.append(rec)
                 await stream_completion(session, base_url, model, prompt, opts, rec, t0)
 
@@ -472,9 +479,9 @@ async def sequential(
     out = []
     async with _session(1) as session:
         for i, p in enumerate(prompts):
-            prompt, n, fmt = _unpack(p)
+            prompt, n, tags = _unpack(p)
             t0 = time.monotonic()
-            rec = RequestRecord(index=i, worker=0, prompt_tokens=n, start=0.0, prompt_format=fmt)
+            rec = RequestRecord(index=i, worker=0, prompt_tokens=n, start=0.0, **tags)
             await stream_completion(session, base_url, model, prompt, opts, rec, t0)
             out.append(rec)
     return out
@@ -504,8 +511,8 @@ async def open_loop(
             wait = t0 + at - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
-            prompt, n, fmt = _unpack(prompts[i])
-            rec = RequestRecord(index=i, worker=0, prompt_tokens=n, start=time.monotonic() - t0, prompt_format=fmt,
+            prompt, n, tags = _unpack(prompts[i])
+            rec = RequestRecord(index=i, worker=0, prompt_tokens=n, start=time.monotonic() - t0, **tags,
                                 scheduled=at, counted=counted(at), phase="" if counted(at) else "warmup")
             records.append(rec)
             tasks.append(asyncio.create_task(stream_completion(session, base_url, model, prompt, opts, rec, t0)))

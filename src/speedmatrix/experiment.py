@@ -16,6 +16,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from . import datasets as sm_datasets
 from . import settings
 from . import slo as sm_slo
 from . import workloads as sm_workloads
@@ -203,6 +204,10 @@ class Experiment:
                                         self.raw.get("slos")))
         return out
 
+    def dataset_of(self, cell: Cell) -> dict[str, Any] | None:
+        """The spec of the dataset a cell's prompts come from (``datasets.<name>``), or None for a built-in corpus."""
+        return (self.raw.get("datasets") or {}).get(cell.corpus) if sm_datasets.is_dataset(cell.corpus) else None
+
     def cell(self, server_id: str, cell_id: str) -> Cell:
         for c in self.cells(server_id):
             if c.id == cell_id:
@@ -342,7 +347,45 @@ def _check_cells(exp: dict[str, Any], entries: list, source: str) -> list[str]:
         elif not known[cid].kind.reference:
             kinds = [n for n in sm_workloads.names() if sm_workloads.get(n).reference]
             problems.append(f"{source}: key 'reference.cells': {cid!r} is not a {'/'.join(kinds)} cell (vllm bench "
-                            "serve sends N requests at a concurrency, output capped)")
+                            "serve sends N requests at a concurrency, output capped, or at a rate)")
+        elif why := known[cid].kind.reference_problem(known[cid]):
+            problems.append(f"{source}: key 'reference.cells': {cid!r}: {why}")
+        elif sm_datasets.is_dataset(known[cid].corpus):
+            problems.append(f"{source}: key 'reference.cells': {cid!r} takes its prompts from a dataset; the other "
+                            "clients are asked for random prompts of the cell's length: name a prose or code cell")
+    return problems
+
+
+def _blocks_with_keys(exp: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """Every workload block of the experiment with its key (``workloads.decode[1]``, ``servers[2].workloads.rate``)."""
+    scopes = [("workloads", exp.get("workloads") or {})]
+    scopes += [(f"servers[{j}].workloads", s["workloads"]) for j, s in enumerate(exp.get("servers") or [])
+               if s.get("workloads")]
+    out = []
+    for prefix, workloads in scopes:
+        for kind, value in workloads.items():
+            blocks = value if isinstance(value, list) else [value]
+            out += [(kind, f"{prefix}.{kind}" + (f"[{i}]" if isinstance(value, list) else ""), b)
+                    for i, b in enumerate(blocks)]
+    return out
+
+
+def _check_datasets(exp: dict[str, Any], source: str) -> list[str]:
+    """Every dataset a block names is the experiment's, of a kind that can use one, its local file there."""
+    known = exp.get("datasets") or {}
+    problems = [f"{source}: key 'datasets.{name}.path': no file {spec['path']}"
+                for name, spec in known.items() if "path" in spec and not Path(spec["path"]).is_file()]
+    for kind, key, block in _blocks_with_keys(exp):
+        name = block.get("corpus", "prose")
+        if not sm_datasets.is_dataset(name):
+            continue
+        if name not in known:
+            problems.append(f"{source}: key '{key}.corpus': {name!r} is not a built-in corpus "
+                            f"({', '.join(sm_datasets.BUILTIN_CORPORA)}) nor one of the experiment's datasets "
+                            f"({', '.join(known) or 'none'})")
+        elif sm_workloads.get(kind).shared_prefix:
+            problems.append(f"{source}: key '{key}.corpus': {kind} cells build a shared prefix, which a dataset's "
+                            "prompts do not have: use prose or code")
     return problems
 
 
@@ -366,7 +409,8 @@ def _check_references(exp: dict[str, Any], source: str) -> None:
     entries = server_entries(exp)
     problems = _check_servers(exp, entries, source) + _check_slos(exp, entries, source)
     if not problems:  # the cells can be expanded only from known models, workloads and targets
-        problems = _check_cells(exp, entries, source) + _check_client_and_models(exp, source)
+        problems = (_check_cells(exp, entries, source) + _check_client_and_models(exp, source)
+                    + _check_datasets(exp, source))
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
 

@@ -65,7 +65,7 @@ def judge_request(row: Any, thresholds: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _steps(chunk_tokens: Any, upto: int | None) -> tuple[int, int]:
+def steps_of(chunk_tokens: Any, upto: int | None = None) -> tuple[int, int]:
     """(decode steps, tokens the drafter got accepted in them) from a stream's per-event token counts, over the
     events that end before ``upto`` output tokens (None: all). The first event follows prefill and carries
     one token: it is not a step of the drafter."""
@@ -95,7 +95,7 @@ def client_acceptance(requests: pd.DataFrame, per: list[dict[str, Any]], spec_to
     whole, before = [0, 0], [0, 0]
     for row in requests.itertuples(index=False):
         for acc, upto in ((whole, None), (before, onset.get(int(row.request_index)))):
-            steps, accepted = _steps(row.chunk_tokens, upto)
+            steps, accepted = steps_of(row.chunk_tokens, upto)
             acc[0] += steps
             acc[1] += accepted
     return {"spec_acceptance_client": whole[1] / (whole[0] * spec_tokens) if whole[0] else None,

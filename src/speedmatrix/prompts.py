@@ -85,6 +85,70 @@ class PromptSource:
         return prefix + self.prompt(index, context - shared, salt)
 
 
+class Tagged(list):
+    """A prompt's token ids with what its dataset record says of it (category, output cap), carried to the
+    request it becomes."""
+
+    category: str | None = None
+    max_tokens: int | None = None
+
+
+@dataclass
+class DatasetSource:
+    """Prompts from a dataset's records (speedmatrix.datasets), tokenized by the server: request i gets a
+    nonce and the ``i``-th record (seeded order, the same for every server config) among those that fit the
+    context. Records too long for it are skipped, never cut (``skipped``)."""
+
+    record_ids: list[list[int]]
+    output_tokens: list[int | None]
+    categories: list[str | None]
+    corpus_ids: list[int]  # the nonce's and the aligner's filler tokens: the records' own
+    seed: int = 0
+    nonce: str = ""
+    instruction_ids: tuple = ()
+
+    def __post_init__(self) -> None:
+        self.order = list(range(len(self.record_ids)))
+        random.Random(f"{self.seed}:dataset-order").shuffle(self.order)
+        self.skipped: dict[int, int] = {}
+
+    def fitting(self, context: int) -> list[int]:
+        fit = [k for k in self.order if len(self.record_ids[k]) + NONCE_TOKENS <= context]
+        self.skipped[context] = len(self.order) - len(fit)
+        if not fit:
+            raise CellError(f"no prompt of the dataset fits a {context}-token context (with its {NONCE_TOKENS}-token "
+                            f"nonce; the shortest has {min(map(len, self.record_ids))} tokens): raise the context")
+        return fit
+
+    def prompt(self, index: int, context: int, salt: str = "") -> Tagged:
+        fit = self.fitting(context)
+        k = fit[index % len(fit)]
+        rng = random.Random(":".join(str(p) for p in (self.seed, self.nonce, salt, index)))
+        out = Tagged([self.corpus_ids[rng.randrange(len(self.corpus_ids))] for _ in range(NONCE_TOKENS)]
+                     + self.record_ids[k])
+        out.category, out.max_tokens = self.categories[k], self.output_tokens[k]
+        return out
+
+    def shared_prefix_prompt(self, index: int, context: int, shared: int, salt: str = "") -> list[int]:
+        raise CellError("a dataset's prompts share no prefix: prefix-cache cells use the built-in corpora")
+
+
+async def from_dataset(session, base_url: str, model: str, records: list, seed: int = 0, nonce: str = "",
+                       headers: dict[str, str] | None = None) -> DatasetSource:
+    """Tokenize a dataset's prompts (and reference outputs, for their length) with the server's tokenizer."""
+    aligner = TextAligner(session, base_url, model, headers)
+
+    async def count(text: str | None) -> list[int] | None:
+        return None if text is None else await aligner._tokenize(text, False)
+
+    ids = await asyncio.gather(*(count(r.prompt) for r in records))
+    outs = await asyncio.gather(*(count(r.output) for r in records))
+    caps = [r.output_tokens if r.output_tokens is not None else (len(o) if o else None) for r, o in zip(records, outs)]
+    filler = [t for x in ids[:64] for t in x][:4096]
+    return DatasetSource(record_ids=list(ids), output_tokens=caps, categories=[r.category for r in records],
+                         corpus_ids=filler, seed=seed, nonce=nonce)
+
+
 async def answer_json(resp, what: str, *fields: str) -> dict[str, Any]:
     """A JSON answer of the server with these fields, or a CellError that names what was wrong with it."""
     if resp.status != 200:
@@ -126,6 +190,8 @@ class Prompt:
 
     value: str | list[int]
     tokens: int
+    category: str | None = None  # a dataset prompt's category
+    max_tokens: int | None = None  # a dataset prompt's own output cap (its reference output's length)
 
     @property
     def format(self) -> str:

@@ -43,9 +43,21 @@ def clients_of(settings: dict[str, Any]) -> list[str]:
 
 
 def problems(exp) -> list[str]:
-    """Before any server starts: every named client is known and importable."""
+    """Before any server starts: every named client is known and importable, and can send a rate cell's
+    open-loop arrivals where the reference names one."""
     settings = settings_of(exp)
-    return peers.problems(clients_of(settings), settings, str(exp.path)) if settings else []
+    if not settings:
+        return []
+    out = peers.problems(clients_of(settings), settings, str(exp.path))
+    table = peers.table()
+    cells_by_id = {c.id: c for c in exp.cells()}
+    open_loop = [cid for cid in settings.get("cells", [])
+                 if cid in cells_by_id and "rate" in cells_by_id[cid].kind.reference_load(cells_by_id[cid])]
+    slow = [n for n in clients_of(settings) if n in table and not table[n].rates]
+    if open_loop and slow:
+        out.append(f"{exp.path}: key 'reference.clients': {', '.join(slow)} cannot send open-loop arrivals at a rate "
+                   f"(reference.cells names {', '.join(open_loop)}): name clients that can (vllm_bench_serve)")
+    return out
 
 
 def _ours(result: dict[str, Any]) -> dict[str, Any]:
@@ -73,8 +85,8 @@ def compare(cell: cells.Cell, url: str, model: str, tokenizer: str, client_cfg: 
                 row = {**_ours(result), "process_wall_s": round(time.perf_counter() - t0, 3),
                        "client_cpu_s": round(time.process_time() - cpu0, 3)}
             else:
-                load = peers.Load(url=url, model=model, tokenizer=tokenizer, context=cell.context_tokens,
-                                  max_tokens=cell.max_tokens, requests=cell.requests, concurrency=cell.concurrency,
+                load = peers.Load(**{"concurrency": 0, **cell.kind.reference_load(cell)}, url=url, model=model,
+                                  tokenizer=tokenizer, context=cell.context_tokens, max_tokens=cell.max_tokens,
                                   seed=seed, sampling=cell.sampling_params)
                 with tempfile.TemporaryDirectory(prefix=f"{who}-") as tmp:
                     try:
@@ -108,6 +120,7 @@ def run_rule(job: JobContext, cell_id: str, out_json: str) -> dict[str, Any]:
     # one measurement a round, as every other client makes: the rounds are the repeats (a GPU profile's
     # `repeats: 3` would have speedmatrix send three times the requests of the others each round)
     cell = dataclasses.replace(exp.cell(job.server_id, cell_id), repeats=1)
+    cell = cell.kind.for_reference(cell)
     if not cell.kind.reference:
         raise ConfigError(f"{exp.path}: key 'reference.cells': {cell_id} is a {cell.workload} cell; the "
                           "comparison with other clients takes cells of N requests at c, output capped")

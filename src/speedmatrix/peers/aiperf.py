@@ -22,7 +22,9 @@ class AIPerf(Peer):
 
     def argv(self, python: list[str], load: Load, work: Path, api_key: str | None) -> list[str]:
         # no environment variable or file takes AIPerf's key: it is on its command line (never logged here)
-        key = ["--api-key", api_key] if api_key else []
+        # one argument, `--api-key=KEY`: a key may start with "-" (a generated one does, one time in 64), which
+        # AIPerf's parser would take for an option and fail ("--api-key requires an argument")
+        key = [f"--api-key={api_key}"] if api_key else []
         return [*python, "-m", "aiperf", "profile", "--model", load.model, "--tokenizer", load.tokenizer,
                 "--endpoint-type", "completions", "--streaming", "--url", load.url,
                 "--synthetic-input-tokens-mean", str(load.context), "--synthetic-input-tokens-stddev", "0",

@@ -33,6 +33,10 @@ class Load:
     seed: int
     # the cell's sampling (temperature, top_p, seed); {} greedy
     sampling: dict[str, Any] = field(default_factory=dict)
+    # open loop (a rate cell): requests a second, sent on gamma-distributed gaps of this shape (1: Poisson),
+    # no cap on requests in flight; None: closed loop at `concurrency`
+    rate: float | None = None
+    burstiness: float = 1.0
 
     @property
     def body(self) -> dict[str, Any]:
@@ -52,6 +56,7 @@ class Peer:
     module: ClassVar[str]  # what `python -m` runs; checked importable before any server starts
     pin: ClassVar[str]  # the version this project measured with (make peers installs it)
     notes: ClassVar[str]
+    rates: ClassVar[bool] = False  # it can send open-loop arrivals at a rate (Load.rate)
 
     def argv(self, python: list[str], load: Load, work: Path, api_key: str | None) -> list[str]:
         """The command line; `work` is a private temporary folder (a key a client can only read from a file

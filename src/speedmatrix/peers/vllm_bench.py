@@ -25,12 +25,16 @@ class VllmBenchServe(Peer):
              "output tokens from the server's usage; its first token is the first streamed event, text or not; "
              "ITL is every gap between streamed events")
 
+    rates = True  # --request-rate with --burstiness: gamma gaps (1: Poisson)
+
     def argv(self, python: list[str], load: Load, work: Path, api_key: str | None) -> list[str]:
+        load_args = (["--request-rate", str(load.rate), "--burstiness", str(load.burstiness)] if load.rate
+                     else ["--max-concurrency", str(load.concurrency)])
         return [*python, "-m", "speedmatrix.peers.vllm_bench", "--out", str(work / "result.json"), "--",
                 "--backend", "vllm", "--base-url", load.url, "--model", load.model, "--tokenizer", load.tokenizer,
                 "--dataset-name", "random", "--random-input-len", str(load.context),
-                "--random-output-len", str(load.max_tokens), "--num-prompts", str(load.requests),
-                "--max-concurrency", str(load.concurrency), "--ignore-eos", "--seed", str(load.seed),
+                "--random-output-len", str(load.max_tokens), "--num-prompts", str(load.requests), *load_args,
+                "--ignore-eos", "--seed", str(load.seed),
                 "--temperature", str(load.body["temperature"]), "--extra-body", json.dumps(load.body)]
 
     def env(self, environ: dict[str, str], load: Load, api_key: str | None) -> dict[str, str]:

@@ -74,13 +74,27 @@ def decision_blocks(matrix: pd.DataFrame, decisions: pd.DataFrame | None, target
     return [Heading(2, "Decisions"), *body] if body else []
 
 
+def speculation_blocks(matrix: pd.DataFrame, requests: pd.DataFrame | None) -> list[Block]:
+    """Speculative decoding per cell, and each dataset category's figures."""
+    spec = _section("Speculative decoding", "Each decode cell of a config with a drafter: the server's acceptance "
+                    "rate (accepted / drafted tokens), mean acceptance length (1 + accepted per step) and acceptance "
+                    "per draft position; the client's reading of the same from each streamed event's tokens, over "
+                    "the whole output and before each request's loop starts (a loop is easy to predict: acceptance "
+                    "over it is inflated); output tok/s against the same cell of the model without a drafter.",
+                    sections.speculative_table(matrix))
+    return spec + _section("By dataset category", "Cells whose prompts came from a dataset with categories: each "
+                           "category's requests, their median time to first token and output rate, and the "
+                           "speculative acceptance the client read from their streamed events (the server's "
+                           "counters are per cell).", sections.category_table(matrix, requests))
+
+
 def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str, Any],
            chart_links: dict[str, str] | list[Block],
            experiment_name: str, description: str = "", loop_settings: dict[str, Any] | None = None,
            sweeps: list[tuple[dict[str, Any], list[Any]]] | None = None, gates: list[dict[str, Any]] | None = None,
            models_lock: dict[str, Any] | None = None,
            references: list[dict[str, Any]] | None = None, decisions: pd.DataFrame | None = None,
-           targets: list | None = None) -> list[Block]:
+           targets: list | None = None, requests: pd.DataFrame | None = None) -> list[Block]:
     out: list[Block] = [Heading(1, experiment_name)]
     if description:
         out.append(Para(" ".join(description.split())))
@@ -97,12 +111,7 @@ def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
                          for k, v in sweep["vary"].items())
         out += _section(sweep.get("title") or f"Sweep {sweep['id']}", f"Sweep `{sweep['id']}`: {vary}.",
                         sections.sweep_tables(matrix, servers))
-    out += _section("Speculative decoding", "Each decode cell of a config with a drafter: the server's acceptance "
-                    "rate (accepted / drafted tokens), mean acceptance length (1 + accepted per step) and acceptance "
-                    "per draft position; the client's reading of the same from each streamed event's tokens, over "
-                    "the whole output and before each request's loop starts (a loop is easy to predict: acceptance "
-                    "over it is inflated); output tok/s against the same cell of the model without a drafter.",
-                    sections.speculative_table(matrix))
+    out += speculation_blocks(matrix, requests)
     out += decision_blocks(matrix, decisions, targets or [])
     synthesized = [n for n, m in ((models_lock or {}).get("models") or {}).items() if m.get("source") == "synthesize"]
     if synthesized:
@@ -207,6 +216,6 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
     decisions = pd.read_parquet(decisions_path) if decisions_path and Path(decisions_path).exists() else None
     doc = blocks(matrix, startups, lock, chart_links, exp.name, exp.raw.get("description", ""),
                  exp.loops if loop_settings is None else loop_settings, sweeps, gates, models_lock, references,
-                 decisions, exp.targets)
+                 decisions, exp.targets, requests)
     write(out["md"], out["html"], doc, exp.name)
     print(f"report: {out['md']}")

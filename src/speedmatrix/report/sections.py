@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from .. import workloads
+from ..loopcheck import steps_of
 from ..peers import OURS, normalized
 from . import fmt
 from .table import Para, Table
@@ -384,6 +385,29 @@ def _error_line(error: str) -> str:
 
 
 GATE_LABELS = {"smoke": "Smoke", "structured_json": "Structured JSON", "tool_calls": "Tool calls"}
+
+
+def category_table(matrix: pd.DataFrame, requests: pd.DataFrame | None) -> Table | None:
+    """Cells whose prompts came from a dataset with categories: per category, the requests, their median TTFT and
+    output rate, and the speculative acceptance the client read from their streamed events (accepted / (steps x
+    k)); the server's counters are per cell, so per category only the client can say."""
+    if requests is None or "category" not in requests or requests["category"].isna().all():
+        return None
+    spec = matrix.drop_duplicates("server_id").set_index("server_id")["spec_tokens"].fillna(0).astype(int)
+    t = Table(["Config", "Cell", "Category", "Requests", "TTFT p50", "Output tok/s a request (p50)",
+               "Acceptance (client)"])
+    rows = requests[requests["category"].notna() & requests["error"].isna()]
+    for (sid, cid, cat), g in rows.groupby(["server_id", "cell_id", "category"], sort=True):
+        span = (g["end_s"] - g["start_s"]).where(lambda s: s > 0)
+        k = int(spec.get(sid, 0))
+        steps = accepted = 0
+        for chunks in g["chunk_tokens"]:
+            s, a = steps_of(chunks)
+            steps, accepted = steps + s, accepted + a
+        t.add(f"`{sid}`", f"`{cid}`", cat, len(g), fmt.ms(g["ttft_ms"].median()),
+              fmt.num((g["output_tokens"] / span).median()),
+              f"{accepted / (steps * k):.1%}" if k and steps else "—")
+    return t
 
 
 def gate_verdict_text(gate: str, d: dict[str, Any]) -> str:

@@ -29,9 +29,9 @@ if TYPE_CHECKING:  # types only: the client is imported where a cell runs
 # name -> the kind; filled by @register as each module of this package is imported
 REGISTRY: dict[str, Workload] = {}
 
-# the part of a cell id after its kind: ctx<N>[-c<M>][-share<P>][-<corpus>][-temp<T>]
+# the part of a cell id after its kind: ctx<N>[-c<M>][-share<P>][-code | -data-<dataset>][-temp<T>]
 # (a rate cell ends in -r<rate>-<arrival>, a search cell in -for-<target>)
-CELL_KEY_PATTERN = (r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code)?(-temp[0-9.]+)?"
+CELL_KEY_PATTERN = (r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code|-data-[a-z][a-z0-9_]*)?(-temp[0-9.]+)?"
                     r"(-r[0-9.]+-(constant|poisson|gamma[0-9.]+))?(-for-[a-z][a-z0-9_]*)?")
 
 
@@ -79,8 +79,10 @@ class Cell:
             out += f"-c{self.concurrency}"
         if self.shared_prefix is not None:
             out += f"-share{_share_label(self.shared_prefix)}"
-        if self.corpus != "prose":
-            out += f"-{self.corpus}"
+        if self.corpus == "code":
+            out += "-code"
+        elif self.corpus != "prose":  # one of the experiment's datasets
+            out += f"-data-{self.corpus}"
         if self.sampling:
             out += f"-temp{self.sampling_params['temperature']:g}"
         return out + self.kind.id_suffix(self)
@@ -169,6 +171,10 @@ class Workload:
     shared_prefix: ClassVar[bool] = False
     # the figure whose spread over a cell's repeats decides Unstable (a key of the cell's result)
     stability_figure: ClassVar[str] = "output_throughput"
+    # the prefix cache's state the cell starts from, as its result records it (the server's cache is not
+    # reset: vLLM offers that only in its development mode; the prompts' nonces decide what can match)
+    cache_state: ClassVar[str] = ("fresh: every prompt starts with its own nonce tokens, so no block cached "
+                                  "before the cell (by other cells, runs or repeats) matches its prompts")
     # extra matrix columns this kind fills (matrix_fields)
     matrix_columns: ClassVar[tuple[str, ...]] = ()
     # its cells are judged against the experiment's latency targets (speedmatrix.slo): goodput, attainment
@@ -194,6 +200,19 @@ class Workload:
         """KV tokens the cell needs at once: every request at full context plus its output cap
         (more than the server has: the cell is over capacity and not sent)."""
         return cell.concurrency * (cell.context_tokens + cell.max_tokens)
+
+    def reference_load(self, cell: Cell) -> dict[str, Any]:
+        """What the reference rule asks the other clients for (speedmatrix.peers.Load's fields beside the
+        prompt and output lengths): N requests at the cell's concurrency."""
+        return {"requests": cell.requests, "concurrency": cell.concurrency}
+
+    def for_reference(self, cell: Cell) -> Cell:
+        """The cell as the reference rule measures it with speedmatrix's client (as every client is asked)."""
+        return cell
+
+    def reference_problem(self, cell: Cell) -> str | None:
+        """Why the other clients cannot measure this cell of a reference kind, or None."""
+        return None
 
     def in_flight_bound(self, cell: Cell, sent: int) -> int:
         """The most requests of this cell the server may hold at once (running + waiting) when ``sent`` were

@@ -21,6 +21,8 @@ class PrefixCache(Workload):
              "pass (new requests, same shared part) finds it cached. Token hit rate from the server's "
              "prefix-cache counters.")
     shared_prefix = True
+    cache_state = ("a new shared part per cell (its own nonce): the cold pass finds none of it cached, the warm "
+                   "pass what the cold pass left")
     # the main columns are the warm pass, these the cold pass
     matrix_columns = ("cold_ttft_ms", "cold_mean_ttft_ms", "cold_total_tok_s", "cold_prefix_cache_hit_rate")
 

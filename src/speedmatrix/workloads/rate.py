@@ -23,7 +23,9 @@ FOOTNOTE = (
     "asked for; scheduled: the rate the seeded schedule drew in the window; achieved: the rate the client "
     "sent at. Lag: how late the client sent a request against its schedule. Client-bound: the client fell "
     "behind its schedule (the lag's p95 over the cell's limit, or the achieved rate under its share of the "
-    "scheduled one): the figure is the client's, not the server's, and is not published as the server's."
+    "scheduled one): the figure is the client's, not the server's, and is not published as the server's. "
+    "Saturated: the server's queue grew through the window (TTFT and requests in flight rising with the "
+    "schedule): the figures are not a steady state."
 )
 
 
@@ -42,9 +44,12 @@ class Rate(Workload):
     blurb = "requests sent on a seeded schedule at each rate; offered against achieved rate, send lag, latency"
     footnote = FOOTNOTE
     concurrency_in_id = False
+    # vllm bench serve sends N requests at --request-rate with --burstiness (Poisson, gamma): the same arrivals
+    reference = True
     stability_figure = "output_throughput"
     matrix_columns = ("arrival", "offered_rate_rps", "scheduled_rate_rps", "achieved_rate_rps",
-                      "schedule_lag_p50_ms", "schedule_lag_p95_ms", "schedule_lag_max_ms", "counted_requests")
+                      "schedule_lag_p50_ms", "schedule_lag_p95_ms", "schedule_lag_max_ms", "counted_requests",
+                      "ttft_trend_rho", "ttft_growth", "in_flight_growth", "littles_law_ratio")
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         out = []
@@ -67,6 +72,21 @@ class Rate(Workload):
 
     def in_flight_bound(self, cell: Cell, sent: int) -> int:
         return sent
+
+    def reference_load(self, cell: Cell) -> dict[str, Any]:
+        """What the other clients of the reference rule are asked for: every request of the schedule, at the
+        rate, on gamma gaps of the cell's shape (Poisson: 1). They have no warm-up rule: the reference measures
+        the cell with none (``for_reference``)."""
+        a = arrival_of(cell)
+        return {"requests": len(a.schedule(1)), "rate": a.rate,
+                "burstiness": 1.0 if a.kind == "poisson" else a.burstiness}
+
+    def for_reference(self, cell: Cell) -> Cell:
+        return replace(cell, options=json.dumps({**cell.opts, "warmup_s": 0}, sort_keys=True))
+
+    def reference_problem(self, cell: Cell) -> str | None:
+        return ("constant arrivals: vllm bench serve draws Poisson or gamma gaps; give the cell `arrival: poisson` "
+                "or `gamma`" if cell.opts["arrival"] == "constant" else None)
 
     async def prepare(self, run: CellRun) -> tuple[list[float], list]:
         schedule = arrival_of(run.cell).schedule(run.repeat)
@@ -92,11 +112,15 @@ class Rate(Workload):
                            end=None if r.end is None else r.end - first) for r in kept]
         figures = stats.fixed(shifted, keeping["span_s"] or 0.0)
         figures.update(keeping)
+        figures.update(arrivals.saturation([(r.scheduled, r.start, r.first_token, r.end) for r in kept]))
         figures["warmup_requests"] = len(records) - len(kept)
         figures["num_requests"] = len(records)  # every request sent (requests.parquet); the figures: counted_requests
         if keeping["client_bound"]:
             figures["status"] = "client_bound"
             figures["status_reason"] = keeping["client_bound_reason"]
+        elif figures["saturated"]:
+            figures["status"] = "saturated"
+            figures["status_reason"] = figures["saturation_reason"]
         return Measured(figures, records)
 
     def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
