@@ -63,6 +63,13 @@ def test_a_rate_the_client_keeps_is_valid_with_its_lag_and_rates():
     # every request's scheduled and actual send time is kept
     assert all(r.start >= r.scheduled for r in records)
     assert np.allclose([r.scheduled for r in records], [i / 20 for i in range(40)])
+    # a latency target is judged on the counted requests only, over the cell's measured span
+    from speedmatrix import cells, slo
+
+    table = cells.request_table(records, {"server_id": "manual", "cell_id": cell.id})
+    scope = cell.kind.slo_scope(result)
+    (judged,) = slo.for_cell(table, result, [slo.Target("loose", ttft_ms=60_000)], *scope)
+    assert judged["judged_requests"] == 30 and judged["attainment"] == 1
 
 
 def test_a_client_driven_past_what_it_can_send_is_client_bound():
@@ -120,3 +127,53 @@ def test_the_reference_asks_vllm_bench_serve_for_the_same_arrivals(tmp_path):
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
     found = reference.problems(experiment.load("p", tmp_path))
     assert any("aiperf cannot send open-loop arrivals at a rate" in p for p in found), found
+
+
+def test_a_rate_search_doubles_then_bisects_to_its_resolution_and_keeps_its_interval():
+    """A stand-in server that meets the target below 10 requests a second: the search doubles 1, 2, 4, 8, 16,
+    then bisects between 8 and 16 until the bracket is within a tenth; the answer lies under 10 and the
+    interval holds the true limit. A client that falls behind stops the search and says so."""
+    import asyncio
+
+    from speedmatrix import slo
+    from speedmatrix.client import RequestRecord
+    from speedmatrix.workloads.rate_search import search_rates
+
+    def records(rate: float) -> list:
+        ttft = 0.05 if rate < 10 else 2.0
+        return [RequestRecord(index=i, worker=0, prompt_tokens=8, start=i / rate, first_token=i / rate + ttft,
+                              end=i / rate + ttft + 0.1, chunk_times=[i / rate + ttft], chunk_tokens=[4])
+                for i in range(20)]
+
+    async def probe(rate: float, k: int):
+        return records(rate), 20 / rate, {"client_bound": False, "client_bound_reason": None,
+                                          "achieved_rate_rps": rate, "schedule_lag_p95_ms": 1.0}
+
+    target = slo.Target("t", percentile=90, ttft_ms=500)
+    found = asyncio.run(search_rates(probe, target, 1, 64, 0.1, progress=lambda m: None))
+    rates = [s["rate"] for s in found["steps"]]
+    assert rates[:5] == [1, 2, 4, 8, 16] and found["answer"] < 10 <= found["interval"][1]
+    assert found["interval"][1] - found["answer"] <= 0.1 * found["answer"] and found["stopped"] is None
+
+    async def falls_behind(rate: float, k: int):
+        bound = rate >= 4
+        return records(rate), 20 / rate, {"client_bound": bound, "client_bound_reason": "p95 send lag" if bound
+                                          else None, "achieved_rate_rps": rate, "schedule_lag_p95_ms": 1.0}
+
+    found = asyncio.run(search_rates(falls_behind, target, 1, 64, 0.1, progress=lambda m: None))
+    assert found["answer"] == 2 and found["steps"][-1]["holds"] is None and "4 req/s" in found["stopped"]
+
+
+def test_a_rate_search_cell_runs_in_one_job_against_a_server():
+    """On fault_server (a test fixture that answers at once) every rate holds: the search doubles to its bound."""
+    block = {"contexts": [32], "slo": "loose", "target": {"ttft_ms": 60_000, "percentile": 90}, "max_rate": 16,
+             "start_rate": 4, "resolution": 0.1, "duration_s": 0.5, "arrival": "poisson", "burstiness": 1.0,
+             "seed": 0, "lag_limit_ms": 100, "min_achieved": 0.5, "max_tokens": 4, "corpus": "prose"}
+    cell = workloads.get("rate_search").expand("manual", block)[0]
+    assert cell.id == "rate_search-ctx32-for-loose" and re.fullmatch(workloads.cell_id_pattern(), cell.id)
+    result, records = _measure(cell, app())
+    steps = result["slo_rate_search_steps"]
+    assert [s["rate"] for s in steps] == [4, 8, 16] and all(s["holds"] for s in steps)
+    assert result["slo_max_rate"] == 16 and result["slo_max_rate_interval"] == [16, None]
+    assert {r.phase for r in records} == {"step1", "step2", "step3"} and len(records) == result["num_requests"]
+    assert sorted(r.index for r in records) == list(range(len(records)))

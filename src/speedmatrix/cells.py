@@ -304,9 +304,10 @@ def _check(cell: Cell, url: str, records: list[client.RequestRecord], finished: 
             "are not this cell's. Give the benchmark the server to itself and run again.")
 
 
-def _asked(opts: client.RequestOptions, settings: ClientSettings, nonce: str) -> dict[str, Any]:
-    """What the cell's requests asked for, as its result records it."""
-    return {"ignore_eos": opts.ignore_eos, "usage_per_chunk": opts.usage_per_chunk, "stop_looping": opts.stop_looping,
+def _asked(opts: client.RequestOptions, settings: ClientSettings, nonce: str, cell: Cell) -> dict[str, Any]:
+    """What the cell's requests asked for, and the prefix-cache state it starts from, as its result records it."""
+    return {"prefix_cache_state": cell.kind.cache_state, "ignore_eos": opts.ignore_eos,
+            "usage_per_chunk": opts.usage_per_chunk, "stop_looping": opts.stop_looping,
             "prompt_format": settings.prompt_format, "api": opts.api,
             "chat_template_kwargs": opts.chat_template_kwargs, "prompt_seed": settings.seed, "prompt_nonce": nonce}
 
@@ -331,9 +332,8 @@ async def measure(cell: Cell, inp: MeasureInput) -> tuple[dict[str, Any], list[c
         before_raw = await _scrape(session, url)
         kv = metrics.cache_info(before_raw)["kv_cache_size_tokens"] or inp.kv_tokens_fallback
         need = needed_kv_tokens(cell)
-        base = _asked(opts, settings, nonce) | {"prefix_cache_state": cell.kind.cache_state,
-                                                "kv_cache_size_tokens": kv, "needed_kv_tokens": need,
-                                                "server_metrics": "present" if before_raw else "absent"}
+        base = _asked(opts, settings, nonce, cell) | {"kv_cache_size_tokens": kv, "needed_kv_tokens": need,
+                                                      "server_metrics": "present" if before_raw else "absent"}
         if kv is not None and need > kv:
             progress(f"over capacity: needs {need} KV tokens, the server has {kv}; not sent")
             return {**base, "status": "over_capacity"}, []

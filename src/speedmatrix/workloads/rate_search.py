@@ -1,0 +1,171 @@
+"""Rate search: the highest open-loop request rate at which a latency target still holds, found in one cell's job.
+
+Each step sends requests on a seeded schedule (``speedmatrix.arrivals``: Poisson or gamma) at one rate for
+``duration_s``, every request run to its end, and judges the target on them (``speedmatrix.slo``). The rates
+double from ``start_rate`` until the target fails or ``max_rate`` is reached, then bisect between the highest
+rate that held and the lowest that failed until they are within ``resolution`` of each other (a fraction of
+the lower). The answer is the highest rate that held, with the interval the search leaves it in: the true
+sustainable rate lies between it and the lowest rate that failed (``slo_max_rate_interval``; its upper end is
+open where nothing failed up to the bound). A step whose client fell behind its schedule (client-bound, as in a
+rate cell) cannot speak for the server: the search stops there and says so (``slo_search_stopped``). Every
+step is kept (``slo_search_steps``) and its requests in requests.parquet (phase ``step<k>``); the cell's
+figures are those of the step at the answer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .. import arrivals, client, slo, stats
+from ..report import fmt
+from ..report.table import Table
+from .base import Cell, CellRun, Measured, Workload, register, sampling_of
+from .slo_search import frame
+
+
+async def search_rates(probe, target: slo.Target, start: float, upper: float, resolution: float,
+                       progress=print) -> dict[str, Any]:
+    """Doubling then bisection over rates; ``probe(rate, step)`` returns (records, window seconds, keeping)."""
+    steps: list[dict[str, Any]] = []
+    batches: dict[int, list] = {}
+    good, bad, stopped = 0.0, None, None
+
+    async def step(rate: float) -> bool | None:
+        k = len(steps) + 1
+        recs, window, keeping = await probe(rate, k)
+        figures = slo.evaluate(frame(recs), target, window)
+        holds = None if keeping["client_bound"] else bool(figures["slo_met"])
+        steps.append({"step": k, "rate": rate, "requests": len(recs), "window_s": window, "holds": holds,
+                      "attainment": figures["attainment"], "p_ttft_ms": figures["p_ttft_ms"],
+                      "p_tpot_ms": figures["p_tpot_ms"], "goodput_tok_s": figures["goodput_tok_s"],
+                      "achieved_rate_rps": keeping["achieved_rate_rps"],
+                      "schedule_lag_p95_ms": keeping["schedule_lag_p95_ms"]})
+        batches[k] = recs
+        progress(f"rate search step {k}: {rate:g} req/s, {len(recs)} requests, "
+                 + ("client-bound: " + str(keeping["client_bound_reason"]) if holds is None
+                    else ("holds " if holds else "misses ") + target.name))
+        return holds
+
+    rate = start
+    while True:  # doubling until it fails, the client falls behind, or the bound
+        held = await step(rate)
+        if held is None:
+            stopped = f"the client fell behind its schedule at {rate:g} req/s"
+            break
+        if not held:
+            bad = rate
+            break
+        good = rate
+        if rate >= upper:
+            break
+        rate = min(2 * rate, upper)
+    while stopped is None and bad is not None and good > 0 and (bad - good) > resolution * good:
+        rate = round((good + bad) / 2, 6)
+        held = await step(rate)
+        if held is None:
+            stopped = f"the client fell behind its schedule at {rate:g} req/s"
+            break
+        good, bad = (rate, bad) if held else (good, rate)
+    return {"answer": good, "interval": [good, bad], "steps": steps, "batches": batches, "stopped": stopped}
+
+
+@register
+class RateSearch(Workload):
+    name = "rate_search"
+    order = 7
+    title = "Rate search"
+    blurb = ("the highest open-loop request rate at which a latency target holds, searched within one job "
+             "(doubling, then bisection to the resolution), with the interval the search leaves it in")
+    concurrency_in_id = False
+    matrix_columns = ("slo_max_rate", "slo_max_rate_interval", "slo_rate_search_steps")
+
+    def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
+        options = {"slo": block["slo"], "target": block["target"], "start_rate": block["start_rate"],
+                   "max_rate": block["max_rate"], "resolution": block["resolution"], "arrival": block["arrival"],
+                   "burstiness": block["burstiness"], "seed": block["seed"], "lag_limit_ms": block["lag_limit_ms"],
+                   "min_achieved": block["min_achieved"]}
+        return [Cell(server_id, self.name, ctx, 0, block["max_tokens"], float(block["duration_s"]),
+                     corpus=block["corpus"], sampling=sampling_of(block), options=json.dumps(options, sort_keys=True))
+                for ctx in block["contexts"]]
+
+    def id_suffix(self, cell: Cell) -> str:
+        return f"-for-{cell.opts['slo']}"
+
+    def needed_kv_tokens(self, cell: Cell) -> int:
+        return cell.context_tokens + cell.max_tokens  # one request's; the server queues the rest
+
+    def in_flight_bound(self, cell: Cell, sent: int) -> int:
+        return sent
+
+    async def prepare(self, run: CellRun) -> None:
+        return None  # each step builds its prompts before its clock starts
+
+    async def measure(self, run: CellRun, _prepared: None) -> Measured:
+        cell, o = run.cell, run.cell.opts
+        target = slo.target(o["slo"], o["target"])
+        run.progress(f"rate search: highest rate up to {o['max_rate']:g} req/s where {target.name} "
+                     f"({target.describe()}) holds, {o['arrival']} arrivals, {cell.duration_s:g} s a step")
+        sent = {"n": 0}
+
+        async def probe(rate: float, k: int):
+            arrival = arrivals.Arrival(rate=rate, kind=o["arrival"], burstiness=o["burstiness"],
+                                       duration_s=float(cell.duration_s), seed=o["seed"])
+            schedule, first = arrival.schedule(k), sent["n"]
+            prompts = await run.build([run.source.prompt(i, cell.context_tokens, run.salt)
+                                       for i in range(first, first + len(schedule))])
+            sent["n"] += len(schedule)
+            _, recs = await client.open_loop(run.url, run.model, prompts, schedule, run.opts)
+            for r in recs:
+                r.index += first
+                r.phase = f"step{k}"
+            ends = [r.end for r in recs if r.end is not None]
+            keeping = arrivals.keeping([(r.scheduled, r.start) for r in recs], ends, arrival, o["lag_limit_ms"],
+                                       o["min_achieved"])
+            return recs, keeping["span_s"] or 0.0, keeping
+
+        found = await search_rates(probe, target, float(o["start_rate"]), float(o["max_rate"]),
+                                   float(o["resolution"]), run.progress)
+        steps, batches = found["steps"], found["batches"]
+        at = next((s for s in reversed(steps) if s["holds"] and s["rate"] == found["answer"]), steps[0])
+        records = [r for k in sorted(batches) for r in batches[k]]
+        figures = stats.fixed(batches[at["step"]], at["window_s"])
+        figures.update({
+            "num_requests": len(records), "completed": sum(1 for r in records if not r.error),
+            "failed": sum(1 for r in records if r.error), "measured_s": sum(s["window_s"] for s in steps),
+            "slo_max_rate": found["answer"], "slo_max_rate_interval": found["interval"],
+            "slo_search_stopped": found["stopped"], "slo_search_phase": f"step{at['step']}",
+            "slo_search_window_s": at["window_s"], "slo_rate_search_steps": steps, "slo_target": target.as_dict(),
+        })
+        return Measured(figures, records)
+
+    def slo_targets(self, cell: dict[str, Any], targets: list) -> list:
+        mine = (cell.get("options") or {}).get("slo")
+        return [t for t in targets if t.name == mine]
+
+    def slo_scope(self, result: dict[str, Any]) -> tuple[str | None, float | None]:
+        return result.get("slo_search_phase"), result.get("slo_search_window_s")
+
+    def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
+                      provenance: dict[str, Any]) -> dict[str, Any]:
+        steps = result.get("slo_rate_search_steps")
+        interval = result.get("slo_max_rate_interval")
+        return {"slo_max_rate": result.get("slo_max_rate"),
+                "slo_max_rate_interval": json.dumps(interval) if interval else None,
+                "slo_rate_search_steps": json.dumps(steps) if steps else None}
+
+    def cell_label(self, row: Any) -> str:
+        return f"rate search / {fmt.ctx(int(row.context_tokens))}"
+
+    def report_table(self, m) -> Table:
+        t = Table(["Context", "Target", "Step", "Rate req/s", "Achieved", "Requests", "Attainment", "TTFT at pct",
+                   "Goodput tok/s", "Holds"])
+        for r in m.sort_values("context_tokens").itertuples():
+            steps = json.loads(r.slo_rate_search_steps) if isinstance(r.slo_rate_search_steps, str) else []
+            for s in steps:
+                t.add(fmt.ctx(int(r.context_tokens)), r.slo, s["step"], fmt.num(s["rate"]),
+                      fmt.num(s["achieved_rate_rps"]), s["requests"],
+                      fmt.pct(s["attainment"]) if s["attainment"] is not None else "—", fmt.ms(s["p_ttft_ms"]),
+                      fmt.num(s["goodput_tok_s"]),
+                      "client-bound" if s["holds"] is None else ("yes" if s["holds"] else "no"))
+        return t
