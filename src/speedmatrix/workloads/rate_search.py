@@ -20,8 +20,8 @@ from typing import Any
 from .. import arrivals, client, slo, stats
 from ..report import fmt
 from ..report.table import Table
-from .base import Cell, CellRun, Measured, Workload, register, sampling_of
-from .slo_search import frame
+from .base import Cell, CellRun, Measured, register, sampling_of
+from .slo_search import TargetSearch, frame, searched
 
 
 async def search_rates(probe, target: slo.Target, start: float, upper: float, resolution: float,
@@ -71,7 +71,7 @@ async def search_rates(probe, target: slo.Target, start: float, upper: float, re
 
 
 @register
-class RateSearch(Workload):
+class RateSearch(TargetSearch):
     name = "rate_search"
     order = 7
     title = "Rate search"
@@ -131,20 +131,12 @@ class RateSearch(Workload):
         records = [r for k in sorted(batches) for r in batches[k]]
         figures = stats.fixed(batches[at["step"]], at["window_s"])
         figures.update({
-            "num_requests": len(records), "completed": sum(1 for r in records if not r.error),
-            "failed": sum(1 for r in records if r.error), "measured_s": sum(s["window_s"] for s in steps),
+            **searched(records, [s["window_s"] for s in steps]),
             "slo_max_rate": found["answer"], "slo_max_rate_interval": found["interval"],
             "slo_search_stopped": found["stopped"], "slo_search_phase": f"step{at['step']}",
             "slo_search_window_s": at["window_s"], "slo_rate_search_steps": steps, "slo_target": target.as_dict(),
         })
         return Measured(figures, records)
-
-    def slo_targets(self, cell: dict[str, Any], targets: list) -> list:
-        mine = (cell.get("options") or {}).get("slo")
-        return [t for t in targets if t.name == mine]
-
-    def slo_scope(self, result: dict[str, Any]) -> tuple[str | None, float | None]:
-        return result.get("slo_search_phase"), result.get("slo_search_window_s")
 
     def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
                       provenance: dict[str, Any]) -> dict[str, Any]:

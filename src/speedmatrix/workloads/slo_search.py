@@ -120,8 +120,26 @@ async def search(probe: Probe, target: slo.Target, upper: int, requests: int, ma
     return good, steps, batches
 
 
+def searched(records: list[client.RequestRecord], windows: list[float]) -> dict[str, Any]:
+    """What a search cell sent over all its steps (requests.parquet holds every step's requests)."""
+    return {"num_requests": len(records), "completed": sum(1 for r in records if not r.error),
+            "failed": sum(1 for r in records if r.error), "measured_s": sum(windows)}
+
+
+class TargetSearch(Workload):
+    """A kind that searches for the load at which its own latency target holds: judged on its own target only,
+    on the requests of the step at its answer (``slo_search_phase``, ``slo_search_window_s``)."""
+
+    def slo_targets(self, cell: dict[str, Any], targets: list) -> list:
+        mine = (cell.get("options") or {}).get("slo")
+        return [t for t in targets if t.name == mine]
+
+    def slo_scope(self, result: dict[str, Any]) -> tuple[str | None, float | None]:
+        return result.get("slo_search_phase"), result.get("slo_search_window_s")
+
+
 @register
-class SloSearch(Workload):
+class SloSearch(TargetSearch):
     name = "slo_search"
     order = 5
     title = "SLO search"
@@ -184,11 +202,7 @@ class SloSearch(Workload):
         records = [r for k in sorted(batches) for r in batches[k]]
         figures = stats.fixed(batches[at.step], at.window_s)
         figures.update({
-            # what the cell sent (requests.parquet holds every step's requests); the rates are the answer's
-            "num_requests": len(records),
-            "completed": sum(1 for r in records if not r.error),
-            "failed": sum(1 for r in records if r.error),
-            "measured_s": sum(s.window_s for s in steps),
+            **searched(records, [s.window_s for s in steps]),  # the rates are the answer's step's
             "slo_max_concurrency": answer,
             "slo_search_upper": upper,
             "slo_search_phase": at.phase,
@@ -197,13 +211,6 @@ class SloSearch(Workload):
             "slo_target": target.as_dict(),
         })
         return Measured(figures, records)
-
-    def slo_targets(self, cell: dict[str, Any], targets: list) -> list:
-        mine = (cell.get("options") or {}).get("slo")
-        return [t for t in targets if t.name == mine]
-
-    def slo_scope(self, result: dict[str, Any]) -> tuple[str | None, float | None]:
-        return result.get("slo_search_phase"), result.get("slo_search_window_s")
 
     def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
                       provenance: dict[str, Any]) -> dict[str, Any]:
