@@ -177,3 +177,31 @@ def test_a_rate_search_cell_runs_in_one_job_against_a_server():
     assert result["slo_max_rate"] == 16 and result["slo_max_rate_interval"] == [16, None]
     assert {r.phase for r in records} == {"step1", "step2", "step3"} and len(records) == result["num_requests"]
     assert sorted(r.index for r in records) == list(range(len(records)))
+
+
+def test_a_rate_sweep_runs_synchronous_then_throughput_then_rates_between():
+    """GuideLLM's sweep profile on fault_server (a test fixture that answers at once): the two closed-loop ends, then
+    open-loop rates spaced evenly strictly between their request rates, each judged on the block's target."""
+    from speedmatrix.workloads.rate_sweep import rates_between
+
+    assert rates_between(2, 10, 3) == [4, 6, 8] and rates_between(5, 5, 3) == [] and rates_between(1, 2, 0) == []
+    block = {"contexts": [32], "slo": "loose", "target": {"ttft_ms": 60_000, "percentile": 90}, "max_concurrency": 4,
+             "requests": 6, "rates": 2, "duration_s": 0.6, "warmup_s": 0.1, "arrival": "constant", "burstiness": 1.0,
+             "seed": 0, "lag_limit_ms": 100, "min_achieved": 0.5, "max_tokens": 4, "corpus": "prose"}
+    cell = workloads.get("rate_sweep").expand("manual", block)[0]
+    assert cell.id == "rate_sweep-ctx32-for-loose" and re.fullmatch(workloads.cell_id_pattern(), cell.id)
+    result, records = _measure(cell, app())
+    steps = result["rate_sweep_steps"]
+    assert [s["profile"] for s in steps] == ["synchronous", "throughput", "rate1", "rate2"]
+    assert [s["concurrency"] for s in steps[:2]] == [1, 4] and steps[0]["requests"] == 6 and steps[1]["requests"] == 8
+    low, high = result["sweep_sync_rate_rps"], result["sweep_max_rate_rps"]
+    assert low == pytest.approx(steps[0]["request_rate_rps"]) and high == pytest.approx(steps[1]["request_rate_rps"])
+    assert [s["offered_rate_rps"] for s in steps[2:]] == rates_between(low, high, 2)
+    for s in steps:
+        assert s["attainment"] == 1 and s["holds"] and s["goodput_tok_s"] > 0
+    # every request kept, each step's own phase; the open-loop steps' first tenth of a second is warm-up
+    assert {r.phase for r in records} <= {"synchronous", "throughput", "rate1", "rate1warmup", "rate2", "rate2warmup"}
+    assert len(records) == result["num_requests"] and sorted(r.index for r in records) == list(range(len(records)))
+    assert all(r.scheduled is not None for r in records if r.phase.startswith("rate"))
+    row = cell.kind.matrix_fields(cell.as_dict(), result, {})
+    assert row["sweep_slo"] == "loose" and json.loads(row["rate_sweep_steps"]) == steps

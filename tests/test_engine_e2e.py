@@ -179,6 +179,31 @@ def test_matrix_is_real_and_complete(full_run):
     warm = rreq[rreq.counted.astype(bool) == False]  # noqa: E712  (object column: other kinds' rows are None)
     assert len(warm) and set(warm.phase) == {"warmup"} and (warm.scheduled_s < 1).all()
     assert "### Open-loop rate" in (res / "report.md").read_text()
+    # the sweep (GuideLLM's profile): one at a time, 16 at once, then three rates strictly between the two ends'
+    # request rates, each step judged on the target and given a status
+    for r in m[m.workload == "rate_sweep"].itertuples():
+        steps = json.loads(r.rate_sweep_steps)
+        assert [s["profile"] for s in steps] == ["synchronous", "throughput", "rate1", "rate2", "rate3"], r.server_id
+        offered = [s["offered_rate_rps"] for s in steps[2:]]
+        assert r.sweep_sync_rate_rps < offered[0] < offered[1] < offered[2] < r.sweep_max_rate_rps
+        assert all(s["status"] in {"valid", "client_bound", "saturated"} and s["attainment"] is not None
+                   for s in steps) and r.sweep_slo == "interactive"
+    # the rate search: the highest rate that held, its bracket closed by a rate that failed, or open where the
+    # search stopped (the client fell behind) and said so
+    searches = m[m.workload == "rate_search"]
+    assert len(searches) == 2 and len(m[m.workload == "rate_sweep"]) == 2
+    for r in searches.itertuples():
+        steps, (low, high) = json.loads(r.slo_rate_search_steps), json.loads(r.slo_max_rate_interval)
+        held = [s["rate"] for s in steps if s["holds"]]
+        assert r.slo_max_rate == low == (max(held) if held else 0)
+        if high is None:
+            assert isinstance(r.slo_search_stopped, str) or r.slo_max_rate == 32
+        else:
+            assert high in [s["rate"] for s in steps if s["holds"] is False] and high > low
+    report = (res / "report.md").read_text()
+    assert "### Rate sweep" in report and "### Rate search" in report and "| answer |" in report
+    for chart in ("rate", "lag"):
+        assert (res / "charts" / f"{chart}.png").read_bytes()[:4] == b"\x89PNG"
     # a dataset cell: the shipped snippets as they are (lengths of their own), each request with its category; the
     # dataset pinned in datasets.lock and in the cell's result; the report's table per category
     ds = m[m.cell_id.str.contains("-data-snippets")]

@@ -303,6 +303,69 @@ def latency_distributions(d: pd.DataFrame) -> alt.Chart:
                        ).properties(title="Latency distributions per cell")
 
 
+def rate_data(matrix: pd.DataFrame) -> pd.DataFrame | None:
+    """Output and goodput tok/s against the offered rate: each kind's open-loop points (``Workload.rate_points``: a
+    rate cell, the open-loop steps of a rate sweep)."""
+    rows = [{"server_id": r.server_id, **p} for r in matrix.itertuples()
+            for p in workloads.get(r.workload).rate_points(r)]
+    if not rows:
+        return None
+    d = pd.DataFrame(rows)
+    d["status"] = d["status"].map(fmt.status)
+    return d.melt(id_vars=["server_id", "series", "offered_rate_rps", "achieved_rate_rps", "slo", "status"],
+                  value_vars=["output_tok_s", "goodput_tok_s"], var_name="figure", value_name="tok_s").replace(
+        {"figure": {"output_tok_s": "output tok/s", "goodput_tok_s": "goodput tok/s (target met)"}})
+
+
+def rate_goodput(d: pd.DataFrame) -> alt.Chart:
+    """Output and goodput tok/s against the offered rate, one line per server config and series; a point's shape
+    its status (a client-bound or saturated point is not the server's steady state)."""
+    return (
+        alt.Chart(d).mark_line(point=alt.OverlayMarkDef(size=70, filled=True)).encode(
+            x=alt.X("offered_rate_rps:Q", title="offered rate (requests/s)"),
+            y=alt.Y("tok_s:Q", title="tok/s"),
+            color=alt.Color("server_id:N", title="server config"),
+            strokeDash=alt.StrokeDash("figure:N", title=None, legend=alt.Legend(symbolType="stroke")),
+            shape=alt.Shape("status:N", title="status"),
+            detail="series:N",
+            tooltip=["server_id", "series", "offered_rate_rps", "achieved_rate_rps", "figure", "tok_s", "slo",
+                     "status"],
+        ).properties(width=300, height=220)
+        .facet(facet=alt.Facet("series:N", title=None), columns=3)
+        .properties(title="Goodput and output against the offered rate")
+    )
+
+
+def lag_data(matrix: pd.DataFrame, requests: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Every counted open-loop request's send lag (sent minus scheduled), per rate cell, or per step of a sweep or
+    search."""
+    kinds = matrix[matrix["workload"].isin(_kinds("open_loop")) & (matrix["status"] != "over_capacity")]
+    if kinds.empty or requests is None or requests.empty or "scheduled_s" not in requests:
+        return None
+    keep = set(zip(kinds["server_id"], kinds["cell_id"]))
+    r = requests[[k in keep for k in zip(requests["server_id"], requests["cell_id"])]]
+    r = r[r["scheduled_s"].notna() & r["counted"].fillna(True).astype(bool)]
+    if r.empty:
+        return None
+    # a cell at one rate by its rate and arrival; a cell of several steps (a sweep, a search) by its step
+    rate = r["cell_id"].str.extract(r"-r([0-9.]+)-([a-z0-9.]+)", expand=True)
+    kind = r["cell_id"].str.extract(r"^([a-z_]+)-ctx([0-9]+)", expand=True)
+    label = (rate[0] + " req/s " + rate[1] + ", ctx " + kind[1]).where(
+        rate[0].notna(), kind[0].str.replace("_", " ") + " " + r["phase"] + ", ctx " + kind[1])
+    return pd.DataFrame({"server_id": r["server_id"], "cell": label,
+                         "lag_ms": ((r["start_s"] - r["scheduled_s"]) * 1000.0).clip(lower=0.01)})
+
+
+def lag_distribution(d: pd.DataFrame) -> alt.Chart:
+    """The send lag's distribution as a box per cell (a client that keeps its schedule stays near zero)."""
+    return alt.Chart(d).mark_boxplot(extent="min-max").encode(
+        x=alt.X("cell:N", title=None, sort=None, axis=alt.Axis(labelAngle=-30, labelLimit=240)),
+        xOffset="server_id:N",
+        y=alt.Y("lag_ms:Q", title="send lag (ms, log)", scale=alt.Scale(type="log")),
+        color=alt.Color("server_id:N", title="server config"),
+    ).properties(width=640, height=220, title="Send lag of open-loop requests (sent minus scheduled)")
+
+
 def placeholder(text: str) -> alt.Chart:
     return alt.Chart(pd.DataFrame({"t": [text]})).mark_text(fontSize=14).encode(text="t:N").properties(
         width=400, height=60)
@@ -377,6 +440,10 @@ CHARTS = [
           source="requests", applies=_throughput_cells),
     Chart("latency", "Latency distributions", latency_data, latency_distributions,
           "no valid capacity or decode cells", source="requests", applies=_throughput_cells),
+    Chart("rate", "Goodput against offered rate", rate_data, rate_goodput, "no open-loop cells measured",
+          applies=lambda exp: bool(_kinds_in(exp) & set(_kinds("open_loop")))),
+    Chart("lag", "Send lag of open-loop requests", lag_data, lag_distribution, "no open-loop cells measured",
+          source="requests", applies=lambda exp: bool(_kinds_in(exp) & set(_kinds("open_loop")))),
 ]
 
 

@@ -195,7 +195,7 @@ def for_cell(reqs: pd.DataFrame, result: dict[str, Any], targets_: list[Target],
         row.update(evaluate(reqs, t, window_s if window_s is not None else result.get("measured_s")))
         row["goodput_tok_s_ci_low"] = row["goodput_tok_s_ci_high"] = None
         row["goodput_repeats"] = None
-        if phase is None and len(reps) > 1 and "repeat" in reqs:
+        if not phase and len(reps) > 1 and "repeat" in reqs:  # all requests, or a rate cell's counted ones
             per = [evaluate(reqs[reqs["repeat"] == k], t, r.get("measured_s"))["goodput_tok_s"]
                    for k, r in enumerate(reps, start=1)]
             per = [float(x) for x in per if x is not None]

@@ -183,6 +183,8 @@ class Workload:
     searches: ClassVar[bool] = False
     # its cells are held at a concurrency, named in their ids (open-loop cells are not: their load is a rate)
     concurrency_in_id: ClassVar[bool] = True
+    # it sends requests on a schedule (open loop): its requests have a scheduled send time and a lag
+    open_loop: ClassVar[bool] = False
 
     # ---- the experiment ----------------------------------------------------
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
@@ -256,6 +258,11 @@ class Workload:
     def report_table(self, m: pd.DataFrame) -> Table | None:
         """This kind's table for one server config's rows (``m`` holds only this kind's rows)."""
         return None
+
+    def rate_points(self, row: Any) -> list[dict[str, Any]]:
+        """Its open-loop measurements of one matrix row as points of goodput against offered rate: dicts of
+        series, offered_rate_rps, achieved_rate_rps, output_tok_s, goodput_tok_s, slo, status."""
+        return []
 
     def phase(self, row: Any) -> str:
         """The row's label in the all-measurements table."""

@@ -36,6 +36,32 @@ def arrival_of(cell: Cell) -> arrivals.Arrival:
                             duration_s=float(cell.duration_s), warmup_s=o["warmup_s"], seed=o["seed"])
 
 
+async def send_on_schedule(run: CellRun, arrival: arrivals.Arrival, schedule: list[float], prompts: list,
+                           phase: str = "", first: int = 0) -> tuple[list[client.RequestRecord], dict[str, Any]]:
+    """Send ``prompts`` on ``schedule`` (open loop) and judge the counted ones (the window rule): every record
+    (indexes from ``first``; phase ``phase``, warm-up ones ``<phase>warmup``) and the figures: the client's
+    figures over the counted requests' span, how well the schedule was kept, saturation and Little's law."""
+    _, records = await client.open_loop(run.url, run.model, prompts, schedule, run.opts,
+                                        lambda t: arrivals.counted(t, arrival), run.progress)
+    for r in records:
+        r.index += first
+        r.phase = phase + ("" if r.counted else "warmup")
+    kept = [r for r in records if r.counted]
+    ends = [r.end for r in kept if r.end is not None]
+    keeping = arrivals.keeping([(r.scheduled, r.start) for r in kept], ends, arrival, run.cell.opts["lag_limit_ms"],
+                               run.cell.opts["min_achieved"])
+    zero = min((r.start for r in kept), default=0.0)
+    shifted = [replace(r, start=r.start - zero, chunk_times=[t - zero for t in r.chunk_times],
+                       first_token=None if r.first_token is None else r.first_token - zero,
+                       end=None if r.end is None else r.end - zero) for r in kept]
+    figures = stats.fixed(shifted, keeping["span_s"] or 0.0)
+    figures.update(keeping)
+    figures.update(arrivals.saturation([(r.scheduled, r.start, r.first_token, r.end) for r in kept]))
+    figures["warmup_requests"] = len(records) - len(kept)
+    figures["num_requests"] = len(records)  # every request sent (requests.parquet); the figures: counted_requests
+    return records, figures
+
+
 @register
 class Rate(Workload):
     name = "rate"
@@ -44,6 +70,7 @@ class Rate(Workload):
     blurb = "requests sent on a seeded schedule at each rate; offered against achieved rate, send lag, latency"
     footnote = FOOTNOTE
     concurrency_in_id = False
+    open_loop = True
     # vllm bench serve sends N requests at --request-rate with --burstiness (Poisson, gamma): the same arrivals
     reference = True
     stability_figure = "output_throughput"
@@ -100,24 +127,10 @@ class Rate(Workload):
         run.progress(f"rate: {arrival.rate:g} req/s {arrival.label()} for {arrival.duration_s:g} s "
                      f"({len(schedule)} requests scheduled, warm-up {arrival.warmup_s:g} s), context "
                      f"{cell.context_tokens}")
-        _, records = await client.open_loop(run.url, run.model, prompts, schedule, run.opts,
-                                            lambda t: arrivals.counted(t, arrival), run.progress)
-        kept = [r for r in records if r.counted]
-        sends = [(r.scheduled, r.start) for r in kept]
-        ends = [r.end for r in kept if r.end is not None]
-        keeping = arrivals.keeping(sends, ends, arrival, cell.opts["lag_limit_ms"], cell.opts["min_achieved"])
-        first = min((r.start for r in kept), default=0.0)
-        shifted = [replace(r, start=r.start - first, chunk_times=[t - first for t in r.chunk_times],
-                           first_token=None if r.first_token is None else r.first_token - first,
-                           end=None if r.end is None else r.end - first) for r in kept]
-        figures = stats.fixed(shifted, keeping["span_s"] or 0.0)
-        figures.update(keeping)
-        figures.update(arrivals.saturation([(r.scheduled, r.start, r.first_token, r.end) for r in kept]))
-        figures["warmup_requests"] = len(records) - len(kept)
-        figures["num_requests"] = len(records)  # every request sent (requests.parquet); the figures: counted_requests
-        if keeping["client_bound"]:
+        records, figures = await send_on_schedule(run, arrival, schedule, prompts)
+        if figures["client_bound"]:
             figures["status"] = "client_bound"
-            figures["status_reason"] = keeping["client_bound_reason"]
+            figures["status_reason"] = figures["client_bound_reason"]
         elif figures["saturated"]:
             figures["status"] = "saturated"
             figures["status_reason"] = figures["saturation_reason"]
@@ -150,3 +163,10 @@ class Rate(Workload):
 
     def cell_label(self, row: Any) -> str:
         return f"{fmt.num(row.offered_rate_rps)} req/s / {fmt.ctx(int(row.context_tokens))}"
+
+    def rate_points(self, row: Any) -> list[dict[str, Any]]:
+        if row.status == "over_capacity":
+            return []
+        return [{"series": f"rate cells, {fmt.ctx(int(row.context_tokens))}", "offered_rate_rps": row.offered_rate_rps,
+                 "achieved_rate_rps": row.achieved_rate_rps, "output_tok_s": row.total_tok_s,
+                 "goodput_tok_s": row.goodput_tok_s, "slo": row.slo, "status": row.status}]

@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import arrivals, client, slo, stats
+from .. import arrivals, slo, stats
 from ..report import fmt
 from ..report.table import Table
 from .base import Cell, CellRun, Measured, register, sampling_of
+from .rate import send_on_schedule
 from .slo_search import TargetSearch, frame, searched
 
 
@@ -78,7 +79,8 @@ class RateSearch(TargetSearch):
     blurb = ("the highest open-loop request rate at which a latency target holds, searched within one job "
              "(doubling, then bisection to the resolution), with the interval the search leaves it in")
     concurrency_in_id = False
-    matrix_columns = ("slo_max_rate", "slo_max_rate_interval", "slo_rate_search_steps")
+    open_loop = True
+    matrix_columns = ("slo_max_rate", "slo_max_rate_interval", "slo_rate_search_steps", "slo_search_stopped")
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         options = {"slo": block["slo"], "target": block["target"], "start_rate": block["start_rate"],
@@ -115,14 +117,8 @@ class RateSearch(TargetSearch):
             prompts = await run.build([run.source.prompt(i, cell.context_tokens, run.salt)
                                        for i in range(first, first + len(schedule))])
             sent["n"] += len(schedule)
-            _, recs = await client.open_loop(run.url, run.model, prompts, schedule, run.opts)
-            for r in recs:
-                r.index += first
-                r.phase = f"step{k}"
-            ends = [r.end for r in recs if r.end is not None]
-            keeping = arrivals.keeping([(r.scheduled, r.start) for r in recs], ends, arrival, o["lag_limit_ms"],
-                                       o["min_achieved"])
-            return recs, keeping["span_s"] or 0.0, keeping
+            recs, figures = await send_on_schedule(run, arrival, schedule, prompts, f"step{k}", first)
+            return recs, figures["span_s"] or 0.0, figures
 
         found = await search_rates(probe, target, float(o["start_rate"]), float(o["max_rate"]),
                                    float(o["resolution"]), run.progress)
@@ -144,7 +140,8 @@ class RateSearch(TargetSearch):
         interval = result.get("slo_max_rate_interval")
         return {"slo_max_rate": result.get("slo_max_rate"),
                 "slo_max_rate_interval": json.dumps(interval) if interval else None,
-                "slo_rate_search_steps": json.dumps(steps) if steps else None}
+                "slo_rate_search_steps": json.dumps(steps) if steps else None,
+                "slo_search_stopped": result.get("slo_search_stopped")}
 
     def cell_label(self, row: Any) -> str:
         return f"rate search / {fmt.ctx(int(row.context_tokens))}"
@@ -160,4 +157,13 @@ class RateSearch(TargetSearch):
                       fmt.pct(s["attainment"]) if s["attainment"] is not None else "—", fmt.ms(s["p_ttft_ms"]),
                       fmt.num(s["goodput_tok_s"]),
                       "client-bound" if s["holds"] is None else ("yes" if s["holds"] else "no"))
+            if steps:  # the answer, with the bracket the search leaves it in and why it stopped where it did
+                interval = r.slo_max_rate_interval
+                low, high = json.loads(interval) if isinstance(interval, str) else (None, None)
+                stopped = getattr(r, "slo_search_stopped", None)
+                bracket = (f"held; {fmt.num(high)} failed" if high is not None else
+                           "a lower bound: nothing failed " + ("before the search stopped" if isinstance(stopped, str)
+                                                              else "up to the search's bound"))
+                t.add(fmt.ctx(int(r.context_tokens)), r.slo, "answer", f"**{fmt.num(r.slo_max_rate)}** ({bracket})",
+                      "", "", "", "", "", f"stopped: {stopped}" if isinstance(stopped, str) else "")
         return t
