@@ -22,11 +22,14 @@ def missing_list(values: Any) -> bool:
 
 def interval(low: Any, high: Any, show=None) -> str:
     """A 95 % interval: 394.2–430.4 (— when there is none). One whose low end was clipped at zero (two repeats
-    far apart: Student's t reaches below it) is "up to" its high end: a zero there is no figure."""
+    far apart: Student's t reaches below it), or whose low end shows as zero, is "up to" its high end: a zero
+    there is no figure."""
     show = show or num
     if missing(low) or missing(high):
         return "—"
-    return f"up to {show(high)}" if float(low) <= 0 else f"{show(low)}–{show(high)}"
+    shown = show(low)
+    zero = float(low) <= 0 or not any(ch in "123456789" for ch in shown)
+    return f"up to {show(high)}" if zero else f"{shown}–{show(high)}"
 
 
 def status(s: Any) -> str:

@@ -31,7 +31,8 @@ from .slo_search import frame, searched
 FOOTNOTE = ("Synchronous: one request at a time; throughput: as many in flight as the step's concurrency; the rates "
             "between are open loop (offered against achieved, as a rate cell). Goodput: output tokens of the "
             "requests that met the target, a second. A client-bound step measured the client, a saturated one a "
-            "growing queue: neither is the server's steady state.")
+            "growing queue: neither is the server's steady state. n/m: the server delivered the step's streams in "
+            "whole bursts, so its TTFT describes the delivery, not the first token (docs/fidelity.md, section 5).")
 
 
 def rates_between(low: float, high: float, n: int) -> list[float]:
@@ -55,6 +56,7 @@ def step_row(step: int, profile: str, records: list[client.RequestRecord], windo
             "ttft_p95_ms": figures.get("p95_ttft_ms"), "tpot_p50_ms": figures.get("median_tpot_ms"),
             "schedule_lag_p95_ms": figures.get("schedule_lag_p95_ms"), "attainment": judged["attainment"],
             "holds": judged["slo_met"], "goodput_tok_s": judged["goodput_tok_s"], "status": status,
+            "delivery": figures.get("delivery"),
             "reason": figures.get("client_bound_reason") or figures.get("saturation_reason")}
 
 
@@ -167,6 +169,8 @@ class RateSweep(Workload):
                 t.add(fmt.ctx(int(r.context_tokens)), s["profile"], load, fmt.num(achieved), fmt.num(s["output_tok_s"]),
                       f"{fmt.num(s['goodput_tok_s'])} ({target})" if target else fmt.num(s["goodput_tok_s"]),
                       fmt.pct(s["attainment"]) if s["attainment"] is not None else "—",
-                      f"{fmt.ms(s['ttft_p50_ms'])} / {fmt.ms(s['ttft_p95_ms'])}", fmt.ms(s["schedule_lag_p95_ms"]),
+                      ("n/m: streams batched" if s.get("delivery") == "batched"
+                       else f"{fmt.ms(s['ttft_p50_ms'])} / {fmt.ms(s['ttft_p95_ms'])}"),
+                      fmt.ms(s["schedule_lag_p95_ms"]),
                       fmt.status(s["status"]) + (f": {s['reason']}" if s["reason"] else ""))
         return t
