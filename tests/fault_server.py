@@ -28,8 +28,10 @@ PROMPTS = web.AppKey("prompts", list)
 BODIES = web.AppKey("bodies", list)
 
 
-def _chunk(text: str, n: int) -> bytes:
-    body = {"choices": [{"index": 0, "text": text, "finish_reason": None}],
+def _chunk(text: str, n: int, token_ids: bool = False) -> bytes:
+    """One token's event; with ``token_ids`` (the request asked: return_token_ids) its id too, as vLLM sends it."""
+    body = {"choices": [{"index": 0, "text": text, "finish_reason": None,
+                         **({"token_ids": [ord(text) % 256]} if token_ids else {})}],
             "usage": {"prompt_tokens": 4, "completion_tokens": n}}
     return f"data: {json.dumps(body)}\n\n".encode()
 
@@ -60,7 +62,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         if mode == "drop" and i == 3:
             request.transport.close()
             return resp
-        await resp.write(_chunk("x", i))
+        await resp.write(_chunk("x", i, bool(payload.get("return_token_ids"))))
         await asyncio.sleep(0.005)
     done = {"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
             "usage": {"prompt_tokens": 4, "completion_tokens": payload.get("max_tokens", 8)}}

@@ -119,7 +119,7 @@ def test_formatting_and_tables_import_nothing_of_speedmatrix():
 def test_workload_kinds_come_from_one_table():
     names = workloads.names()
     assert names == ["prefill", "latency", "capacity", "prefix_cache", "decode", "rate", "slo_search", "rate_sweep",
-                     "rate_search"]
+                     "rate_search", "sessions", "replay", "session_search", "replay_search"]
     # every kind is one module of the package, and its name is its module's
     modules = {p.stem for p in (PACKAGE / "workloads").glob("*.py")} - {"__init__", "base"}
     assert modules == set(names)

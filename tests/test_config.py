@@ -129,7 +129,8 @@ def test_a_bad_value_inside_a_list_of_blocks_names_its_key(exp_dir):
     raw["workloads"]["decode"] = [first_decode(raw), {**first_decode(raw), "corpus": "poetry"}]
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(experiment.ConfigError, match=r"tiny-cpu.yaml: key 'workloads.decode\[1\].corpus': 'poetry' "
-                       r"is not a built-in corpus \(prose, code\) nor one of the experiment's datasets \(snippets\)"):
+                       r"is not a built-in corpus \(prose, code\) nor one of the experiment's datasets "
+                       r"\(azure_small, mooncake_small, snippets\)"):
         experiment.load("tiny-cpu", exp_dir)
 
 

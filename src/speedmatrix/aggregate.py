@@ -40,7 +40,7 @@ MATRIX_COLUMNS = [
     "concurrency",
     "status", "total_tok_s", "per_request_tok_s", "ttft_ms", "itl_ms", "avg_active_requests",
     "completed_requests", "output_tokens", "measured_s", "prompt_tok_s", "spec_acceptance_rate",
-    "spec_acceptance_length", "prefix_cache_hit_rate", "loop_fraction", "suspected_fraction",
+    "spec_acceptance_length", "prefix_cache_hit_rate", "cached_prompt_share", "loop_fraction", "suspected_fraction",
     "loop_status_policy", "error", "vllm_version", "runtime_ref",
     # beyond the contract: what a reader of the matrix needs to trust a number
     "max_tokens", "duration_s", "failed_requests", "num_requests", "p90_ttft_ms", "p99_ttft_ms",
@@ -83,7 +83,8 @@ FROM_RESULT = {
     "avg_active_requests": "avg_active_requests", "completed_requests": "completed",
     "output_tokens": "total_output_tokens", "measured_s": "measured_s", "prompt_tok_s": "prompt_tok_s",
     "spec_acceptance_rate": "spec_decode_acceptance_rate", "spec_acceptance_length": "spec_decode_acceptance_length",
-    "prefix_cache_hit_rate": "prefix_cache_hit_rate", "error": "error", "failed_requests": "failed",
+    "prefix_cache_hit_rate": "prefix_cache_hit_rate", "cached_prompt_share": "cached_prompt_share",
+    "error": "error", "failed_requests": "failed",
     "num_requests": "num_requests", "p90_ttft_ms": "p90_ttft_ms", "p99_ttft_ms": "p99_ttft_ms",
     "p90_itl_ms": "p90_tbt_ms", "p99_itl_ms": "p99_tbt_ms", "median_chunk_itl_ms": "median_itl_ms",
     "kv_cache_size_tokens": "kv_cache_size_tokens", "needed_kv_tokens": "needed_kv_tokens",

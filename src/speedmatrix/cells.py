@@ -193,12 +193,13 @@ class _Prompts:
 
     async def open(self) -> _Prompts:
         inp, cell = self.inp, self.cell
-        if inp.dataset is not None:
+        if inp.dataset is not None and not cell.kind.reads_trace:
             self.source = await prompts.from_dataset(self.session, inp.url, inp.model, inp.dataset, seed=self.seed,
                                                      nonce=self.nonce, headers=client.auth_headers())
         else:
             self.source = await prompts.from_server(self.session, inp.url, inp.model, seed=self.seed,
-                                                    kind=cell.corpus, nonce=self.nonce, headers=client.auth_headers())
+                                                    kind="prose" if cell.kind.reads_trace else cell.corpus,
+                                                    nonce=self.nonce, headers=client.auth_headers())
         self.aligner = (prompts.TextAligner(self.session, inp.url, inp.model, client.auth_headers())
                         if inp.client.prompt_format == "text" else None)
         # prompts wanted while a window measures are made with the model's tokenizer on this machine,
@@ -262,7 +263,8 @@ async def _repeats(session: aiohttp.ClientSession, cell: Cell, inp: MeasureInput
             await wait_until_idle(session, inp.url, busy_wait_s, inp.progress)
             inp.progress(f"repeat {k} of {cell.repeats}")
         run = CellRun(cell, inp.url, inp.model, opts, made.source, made.build, before_raw, inp.client, inp.progress,
-                      scrape=lambda: _counters(inp.url), repeat=k, build_in_window=made.in_window, kv_tokens=kv)
+                      scrape=lambda: _counters(inp.url), repeat=k, build_in_window=made.in_window, kv_tokens=kv,
+                      records=inp.dataset)
         prepared = await cell.kind.prepare(run)  # prompts are built before the clock starts
         if t_wall is None:
             t_wall = time.time()
@@ -354,11 +356,11 @@ async def measure(cell: Cell, inp: MeasureInput) -> tuple[dict[str, Any], list[c
         # at a decode window's end is aborted within moments); still busy means someone else's requests
         after_raw = await wait_until_idle(session, url, busy_wait_s, progress)
     counters = metrics.delta(metrics.snapshot(before_raw), metrics.snapshot(after_raw))
-    received = sum(r.output_tokens for r in records)
-    gen = counters.get("server_generation_tokens")
-    base.update(made.provenance(records))
-    base["loops_seen_online"] = sum(1 for r in records if r.loop_detected_at_token is not None)
-    base["requests_stopped_for_loop"] = sum(1 for r in records if r.stopped_for_loop)
+    received, gen = sum(r.output_tokens for r in records), counters.get("server_generation_tokens")
+    base.update(made.provenance(records),
+                loops_seen_online=sum(1 for r in records if r.loop_detected_at_token is not None),
+                requests_stopped_for_loop=sum(1 for r in records if r.stopped_for_loop),
+                cached_prompt_share=stats.cached_share(records))
     finished = counters.get("server_requests_finished")  # the whole cell's, both passes of a prefix-cache cell
     if passes:  # a prefix-cache cell's headline figures are its warm pass's
         counters.update({k: passes["warm"][k] for k in metrics.DELTA_KEYS})
@@ -416,6 +418,9 @@ def request_table(records: list[client.RequestRecord], ident: dict[str, Any]) ->
             "counted": r.counted,
             "category": r.category,
             "request_max_tokens": r.max_tokens,
+            "cached_tokens": r.cached_tokens,
+            "session": r.session,
+            "turn": r.turn,
             "text": r.text,
         })
     cols = ["request_index", "worker", "prompt_tokens", "start_s", "ttft_ms", "end_s", "output_tokens", "chunks",
@@ -423,7 +428,7 @@ def request_table(records: list[client.RequestRecord], ident: dict[str, Any]) ->
             "loop_detected_at_token",
             "natural_end_char",
             "stopped_for_loop", "chunk_tokens", "chunk_chars", "phase", "repeat", "scheduled_s", "counted", "category",
-            "request_max_tokens", "text"]
+            "request_max_tokens", "cached_tokens", "session", "turn", "text"]
     return pd.DataFrame(rows, columns=list(ident) + cols)
 
 

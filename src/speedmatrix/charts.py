@@ -14,6 +14,7 @@ colour legend, a click on the legend filters it.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -366,6 +367,63 @@ def lag_distribution(d: pd.DataFrame) -> alt.Chart:
     ).properties(width=640, height=220, title="Send lag of open-loop requests (sent minus scheduled)")
 
 
+def _kinds_with_column(column: str) -> set[str]:
+    """The workload kinds that fill a matrix column of their own."""
+    return {n for n in workloads.names() if column in workloads.get(n).matrix_columns}
+
+
+def session_data(matrix: pd.DataFrame) -> pd.DataFrame | None:
+    """Per turn of every session cell: TTFT p50 and the share of the prompt served from the prefix cache."""
+    if "session_turns" not in matrix:
+        return None
+    rows = []
+    for r in matrix[matrix["session_turns"].notna()].itertuples():
+        for t in json.loads(r.session_turns):
+            rows.append({"server_id": r.server_id, "cell": f"{int(r.concurrency)} users, {r.server_id}",
+                         "users": int(r.concurrency), "turn": t["turn"], "ttft_p50_ms": t["ttft_p50_ms"],
+                         "cached_share": t["cached_share"], "prompt_tokens": t["prompt_tokens"]})
+    return pd.DataFrame(rows) if rows else None
+
+
+def session_turns(d: pd.DataFrame) -> alt.Chart:
+    """TTFT and the cached share of the prompt against the turn, one line per cell (users, config)."""
+    base = alt.Chart(d).encode(x=alt.X("turn:O", title="turn"), color=alt.Color("cell:N", title="cell"),
+                               tooltip=["server_id", "users", "turn", "prompt_tokens", "ttft_p50_ms", "cached_share"])
+    ttft = base.mark_line(point=True).encode(y=alt.Y("ttft_p50_ms:Q", title="median TTFT (ms)"))
+    hits = base.mark_line(point=True).encode(y=alt.Y("cached_share:Q", title="prompt served from the cache",
+                                                     axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])))
+    return alt.hconcat(ttft.properties(width=300, height=220, title="TTFT by turn"),
+                       hits.properties(width=300, height=220, title="Prefix cache's share of the prompt by turn")
+                       ).properties(title="Multi-turn sessions")
+
+
+def replay_data(matrix: pd.DataFrame, requests: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Every replay cell's requests counted over time: as the trace scheduled them and as the client sent them."""
+    cells = matrix[matrix["workload"].isin(_kinds("reads_trace")) & (matrix["status"] != "over_capacity")]
+    if cells.empty or requests is None or requests.empty or "scheduled_s" not in requests:
+        return None
+    out = []
+    for r in cells.itertuples():
+        q = requests[(requests["server_id"] == r.server_id) & (requests["cell_id"] == r.cell_id)]
+        label = f"{r.server_id} · {r.cell_id}"
+        for what, col in (("scheduled", "scheduled_s"), ("sent", "start_s")):
+            times = q[col].dropna().sort_values().to_numpy()
+            out.append(pd.DataFrame({"cell": label, "series": what, "t_s": times,
+                                     "requests": range(1, len(times) + 1)}))
+    return pd.concat(out) if out else None
+
+
+def replay_timeline(d: pd.DataFrame) -> alt.Chart:
+    """Requests scheduled and sent against time, per replay cell: a client that keeps the trace's schedule draws
+    one line over the other."""
+    return alt.Chart(d).mark_line(interpolate="step-after").encode(
+        x=alt.X("t_s:Q", title="seconds since the replay's start"), y=alt.Y("requests:Q", title="requests"),
+        color=alt.Color("series:N", title=None), strokeDash=alt.StrokeDash("series:N", title=None),
+        tooltip=["cell", "series", "t_s", "requests"],
+    ).properties(width=300, height=200).facet(facet=alt.Facet("cell:N", title=None), columns=2).properties(
+        title="Trace replay: requests scheduled against sent")
+
+
 def placeholder(text: str) -> alt.Chart:
     return alt.Chart(pd.DataFrame({"t": [text]})).mark_text(fontSize=14).encode(text="t:N").properties(
         width=400, height=60)
@@ -444,6 +502,10 @@ CHARTS = [
           applies=lambda exp: bool(_kinds_in(exp) & set(_kinds("open_loop")))),
     Chart("lag", "Send lag of open-loop requests", lag_data, lag_distribution, "no open-loop cells measured",
           source="requests", applies=lambda exp: bool(_kinds_in(exp) & set(_kinds("open_loop")))),
+    Chart("sessions", "Multi-turn sessions by turn", session_data, session_turns, "no session cells measured",
+          applies=lambda exp: bool(_kinds_in(exp) & _kinds_with_column("session_turns"))),
+    Chart("replay", "Trace replay: scheduled against sent", replay_data, replay_timeline, "no replay cells measured",
+          source="requests", applies=lambda exp: bool(_kinds_in(exp) & set(_kinds("reads_trace")))),
 ]
 
 

@@ -215,12 +215,14 @@ def _add_measure(sub) -> None:
                        "OPENAI_API_KEY (never from the command line, so it stays out of shell history and logs).")
     b.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     b.add_argument("--model", required=True, help="served model name")
-    b.add_argument("--workload", choices=workloads.names(), default="decode",
+    b.add_argument("--workload", choices=[n for n in workloads.names() if workloads.get(n).by_hand], default="decode",
                    help="prefill: TTFT and prompt tok/s, one request at a time, prefix cache defeated; decode: a "
                    "closed loop of --concurrency requests for --duration seconds; capacity: --requests requests, "
                    "--concurrency at once; prefix_cache: --requests requests sharing --shared-prefix of the "
                    "context, a cold pass then a warm pass; latency: --requests requests one at a time; slo_search: "
-                   "the highest concurrency up to --concurrency at which the --slo-* target holds")
+                   "the highest concurrency up to --concurrency at which the --slo-* target holds. Open-loop, "
+                   "sweep, session and replay cells have settings of their own (a schedule, turns, a trace): "
+                   "write them in an experiment's workloads and run the workflow")
     b.add_argument("--context", type=int, required=True, help="prompt length in tokens (sized by the server's "
                    "/tokenize)")
     b.add_argument("--concurrency", type=int, default=1, help="requests in flight (decode)")

@@ -63,11 +63,18 @@ class _Choice(msgspec.Struct):
     text: str | None = None  # /v1/completions
     delta: _Delta | None = None  # /v1/chat/completions
     finish_reason: str | None = None
+    token_ids: list[int] | None = None  # the event's tokens, where the request asked (return_token_ids)
+
+
+class _Details(msgspec.Struct):
+    cached_tokens: int | None = None
 
 
 class _Usage(msgspec.Struct):
     completion_tokens: int | None = None
     prompt_tokens: int | None = None
+    # the prompt's tokens served from the prefix cache (vLLM with --enable-prompt-tokens-details)
+    prompt_tokens_details: _Details | None = None
 
 
 class _Event(msgspec.Struct):
@@ -111,6 +118,8 @@ class RequestOptions:
     temperature: float = 0.0
     top_p: float | None = None
     seed: int | None = None
+    # ask for the output's token ids with every event (multi-turn sessions send them back as the history)
+    return_token_ids: bool = False
 
     @property
     def path(self) -> str:
@@ -136,6 +145,7 @@ class RequestOptions:
                             None if self.seed is None else self.seed + index),
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": self.usage_per_chunk},
+            **({"return_token_ids": True} if self.return_token_ids else {}),
         }
 
 
@@ -173,6 +183,14 @@ class RequestRecord:
     # a dataset prompt: its record's category, and its own output cap (its reference output's length)
     category: str | None = None
     max_tokens: int | None = None
+    # the prompt's tokens the server served from its prefix cache (its usage's prompt_tokens_details; None where
+    # the server does not report it)
+    cached_tokens: int | None = None
+    # the output's token ids, where the request asked for them (return_token_ids); not in requests.parquet
+    output_ids: list[int] = field(default_factory=list)
+    # a multi-turn session's request: which session and turn it is (0: not a session's)
+    session: int | None = None
+    turn: int | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -223,6 +241,8 @@ class _Decoder:
                 if usage is not None:  # the final usage event: the request's exact total
                     _reconcile(record, usage)
                     record.server_prompt_tokens = msg.usage.prompt_tokens
+                    details = msg.usage.prompt_tokens_details
+                    record.cached_tokens = details.cached_tokens if details is not None else None
                 continue
             choice = msg.choices[0]
             text = choice.text
@@ -238,6 +258,8 @@ class _Decoder:
                 n = 1 if (text or choice.delta is None) else 0
             if text:
                 parts.append(text)
+            if choice.token_ids:
+                record.output_ids.extend(choice.token_ids)
             if n > 0:
                 if record.first_token is None:
                     record.first_token = arrived
@@ -386,7 +408,7 @@ def _reconcile(record: RequestRecord, total: int) -> None:
                 break
 
 
-def _session(concurrency: int) -> aiohttp.ClientSession:
+def session_for(concurrency: int) -> aiohttp.ClientSession:
     """One HTTP session for a cell: a connection per request in flight, no overall timeout
     (a request ends by its own stall timeout or the cell's window)."""
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency + 4),
@@ -406,7 +428,7 @@ async def closed_loop(
     a finished request is replaced at once. Returns (t0, records)."""
     records: list[RequestRecord] = []
     counter = iter(range(10**9))
-    async with _session(concurrency) as session:
+    async with session_for(concurrency) as session:
         t0 = time.monotonic()
         deadline = t0 + duration_s
 
@@ -452,7 +474,7 @@ async def fixed_count(
     """
     records: list[RequestRecord] = []
     queue = iter(range(first_index, first_index + requests))
-    async with _session(concurrency) as session:
+    async with session_for(concurrency) as session:
         t0 = time.monotonic()
 
         async def worker(w: int) -> None:
@@ -477,7 +499,7 @@ async def sequential(
 ) -> list[RequestRecord]:
     """One request at a time (prefill and latency cells)."""
     out = []
-    async with _session(1) as session:
+    async with session_for(1) as session:
         for i, p in enumerate(prompts):
             prompt, n, tags = _unpack(p)
             t0 = time.monotonic()

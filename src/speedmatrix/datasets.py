@@ -54,6 +54,7 @@ class Record:
     output_tokens: int | None = None  # its length in tokens, where the format gives it
     category: str | None = None
     id: str | None = None
+    turns: tuple[str, ...] = ()  # a conversation's later user turns, where the format has them (sharegpt)
 
 
 def _rows_of_file(path: Path) -> list[dict[str, Any]]:
@@ -102,7 +103,8 @@ def sharegpt(rows: Iterable[dict[str, Any]], spec: dict[str, Any]) -> list[Recor
         if human is None:
             continue  # a conversation without a human turn has no prompt
         reply = turns[human + 1]["value"] if human + 1 < len(turns) else None
-        out.append(Record(prompt=turns[human]["value"], output=reply, id=str(row.get("id", i))))
+        later = tuple(t["value"] for t in turns[human + 1:] if t.get("from") in ("human", "user"))
+        out.append(Record(prompt=turns[human]["value"], output=reply, id=str(row.get("id", i)), turns=later))
     return out
 
 
@@ -149,13 +151,32 @@ def _resolve(spec: dict[str, Any], base: Path) -> tuple[list[dict[str, Any]], di
     return _rows_of_file(path), {"path": str(spec["path"]), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
-def load(name: str, spec: dict[str, Any], base: str | Path = ".") -> tuple[list[Record], dict[str, Any]]:
-    """A dataset's records, in file order, and its lock entry. ``base``: where a relative path starts."""
+def is_trace(spec: dict[str, Any] | None) -> bool:
+    """Whether a dataset's format is a trace's (speedmatrix.traces: requests with times, not prompts)."""
+    from . import traces
+
+    return bool(spec) and spec.get("format") in traces.FORMATS
+
+
+def load(name: str, spec: dict[str, Any], base: str | Path = ".") -> tuple[list, dict[str, Any]]:
+    """A dataset's records, in file order, and its lock entry. ``base``: where a relative path starts. A trace's
+    records are its requests in time order (speedmatrix.traces)."""
+    from . import traces
+
     spec = {**spec, "_where": spec.get("_where") or f"dataset {name!r} ({spec.get('path') or spec.get('hf')})"}
     fmt = spec.get("format", "table")
-    if fmt not in FORMATS:
-        raise DatasetError(f"{spec['_where']}: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+    if fmt not in FORMATS and fmt not in traces.FORMATS:
+        known = ", ".join([*FORMATS, *traces.FORMATS])
+        raise DatasetError(f"{spec['_where']}: unknown format {fmt!r} (known: {known})")
     rows, source = _resolve(spec, Path(base))
+    if fmt in traces.FORMATS:
+        try:
+            reqs = traces.FORMATS[fmt](rows, spec)
+        except traces.TraceError as exc:
+            raise DatasetError(str(exc)) from None
+        if not reqs:
+            raise DatasetError(f"{spec['_where']}: no request in it")
+        return reqs, {"name": name, "format": fmt, **source, **traces.summary(reqs)}
     records = [r for r in FORMATS[fmt](rows, spec) if r.prompt.strip()]
     limit = spec.get("limit")
     if limit:

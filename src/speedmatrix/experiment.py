@@ -19,6 +19,7 @@ import yaml
 from . import datasets as sm_datasets
 from . import settings
 from . import slo as sm_slo
+from . import traces as sm_traces
 from . import workloads as sm_workloads
 from .errors import ConfigError
 from .models import PRESETS
@@ -371,21 +372,32 @@ def _blocks_with_keys(exp: dict[str, Any]) -> list[tuple[str, str, dict[str, Any
 
 
 def _check_datasets(exp: dict[str, Any], source: str) -> list[str]:
-    """Every dataset a block names is the experiment's, of a kind that can use one, its local file there."""
+    """Every dataset a block names is the experiment's, of a kind that can use one, its local file there; a trace
+    for a kind that replays one, prompts for the others."""
     known = exp.get("datasets") or {}
     problems = [f"{source}: key 'datasets.{name}.path': no file {spec['path']}"
                 for name, spec in known.items() if "path" in spec and not Path(spec["path"]).is_file()]
     for kind, key, block in _blocks_with_keys(exp):
-        name = block.get("corpus", "prose")
+        reads_trace = sm_workloads.get(kind).reads_trace if kind in sm_workloads.REGISTRY else False
+        field_, name = ("trace", block.get("trace")) if reads_trace else ("corpus", block.get("corpus", "prose"))
         if not sm_datasets.is_dataset(name):
             continue
         if name not in known:
-            problems.append(f"{source}: key '{key}.corpus': {name!r} is not a built-in corpus "
-                            f"({', '.join(sm_datasets.BUILTIN_CORPORA)}) nor one of the experiment's datasets "
-                            f"({', '.join(known) or 'none'})")
+            problems.append(f"{source}: key '{key}.{field_}': {name!r} is not "
+                            + ("" if reads_trace else f"a built-in corpus ({', '.join(sm_datasets.BUILTIN_CORPORA)}) "
+                               "nor ") + f"one of the experiment's datasets ({', '.join(known) or 'none'})")
+        elif reads_trace != sm_datasets.is_trace(known[name]):
+            problems.append(f"{source}: key '{key}.{field_}': {name!r} is " + (
+                f"not a trace (give it format {' or '.join(sm_traces.FORMATS)})" if reads_trace
+                else f"a trace (format {known[name].get('format')}): its requests have no prompts; replay it"))
         elif sm_workloads.get(kind).shared_prefix:
             problems.append(f"{source}: key '{key}.corpus': {kind} cells build a shared prefix, which a dataset's "
                             "prompts do not have: use prose or code")
+        elif reads_trace and known[name].get("format") == "mooncake":
+            try:
+                sm_traces.block_tokens(float(block.get("token_scale", 1.0)))
+            except sm_traces.TraceError as exc:
+                problems.append(f"{source}: key '{key}.token_scale': {exc}")
     return problems
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,7 @@ class DatasetSource:
     seed: int = 0
     nonce: str = ""
     instruction_ids: tuple = ()
+    turn_ids: list[list[list[int]]] = field(default_factory=list)  # each record's later user turns, tokenized
 
     def __post_init__(self) -> None:
         self.order = list(range(len(self.record_ids)))
@@ -132,6 +133,12 @@ class DatasetSource:
     def shared_prefix_prompt(self, index: int, context: int, shared: int, salt: str = "") -> list[int]:
         raise CellError("a dataset's prompts share no prefix: prefix-cache cells use the built-in corpora")
 
+    def conversation(self, index: int, context: int, salt: str = "") -> tuple[Tagged, list[list[int]]]:
+        """Session ``index``'s opening prompt (as ``prompt`` picks it) and its record's later user turns."""
+        opening = self.prompt(index, context, salt)
+        k = self.fitting(context)[index % len(self.fitting(context))]
+        return opening, list(self.turn_ids[k]) if self.turn_ids else []
+
 
 async def from_dataset(session, base_url: str, model: str, records: list, seed: int = 0, nonce: str = "",
                        headers: dict[str, str] | None = None) -> DatasetSource:
@@ -143,10 +150,11 @@ async def from_dataset(session, base_url: str, model: str, records: list, seed: 
 
     ids = await asyncio.gather(*(count(r.prompt) for r in records))
     outs = await asyncio.gather(*(count(r.output) for r in records))
+    later = [list(await asyncio.gather(*(count(t) for t in getattr(r, "turns", ())))) for r in records]
     caps = [r.output_tokens if r.output_tokens is not None else (len(o) if o else None) for r, o in zip(records, outs)]
     filler = [t for x in ids[:64] for t in x][:4096]
     return DatasetSource(record_ids=list(ids), output_tokens=caps, categories=[r.category for r in records],
-                         corpus_ids=filler, seed=seed, nonce=nonce)
+                         corpus_ids=filler, seed=seed, nonce=nonce, turn_ids=later)
 
 
 async def answer_json(resp, what: str, *fields: str) -> dict[str, Any]:

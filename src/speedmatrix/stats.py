@@ -103,6 +103,15 @@ def delivery(records: Iterable[RequestRecord]) -> dict[str, Any]:
     return {"delivery": delivery_kind(share), "delivery_burst_share": share}
 
 
+def cached_share(records: Iterable[RequestRecord]) -> float | None:
+    """The share of the prompt tokens the server served from its prefix cache, from its own per-request report
+    (``cached_tokens``; None where it gives none: vLLM without --enable-prompt-tokens-details)."""
+    pairs = [(r.cached_tokens, r.server_prompt_tokens or r.prompt_tokens) for r in records
+             if not r.error and r.cached_tokens is not None]
+    total = sum(n for _, n in pairs)
+    return sum(c for c, _ in pairs) / total if total else None
+
+
 def steady_start(records: list[RequestRecord], concurrency: int) -> float | None:
     """When every one of the first ``concurrency`` requests had its first token: from then on the target
     number of requests is decoding (each finished one is replaced at once). None if one never had it."""

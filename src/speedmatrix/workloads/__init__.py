@@ -6,7 +6,21 @@ To add a kind: write a module here with a ``@register``-ed subclass of
 SLURM groups, the CLI and the report take the list from here.
 """
 
-from . import capacity, decode, latency, prefill, prefix_cache, rate, rate_search, rate_sweep, slo_search  # noqa: F401  (each registers its kind)
+from . import (  # noqa: F401  (each registers its kind)
+    capacity,
+    decode,
+    latency,
+    prefill,
+    prefix_cache,
+    rate,
+    rate_search,
+    rate_sweep,
+    replay,
+    replay_search,
+    session_search,
+    sessions,
+    slo_search,
+)
 from .base import (
            CELL_KEY_PATTERN,
            REGISTRY,

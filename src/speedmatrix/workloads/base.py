@@ -30,9 +30,11 @@ if TYPE_CHECKING:  # types only: the client is imported where a cell runs
 REGISTRY: dict[str, Workload] = {}
 
 # the part of a cell id after its kind: ctx<N>[-c<M>][-share<P>][-code | -data-<dataset>][-temp<T>]
-# (a rate cell ends in -r<rate>-<arrival>, a search cell in -for-<target>)
+# (a rate cell ends in -r<rate>-<arrival>, a search cell in -for-<target>, a session cell in -turns<T>, a
+# replay in -x<time scale>)
 CELL_KEY_PATTERN = (r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code|-data-[a-z][a-z0-9_]*)?(-temp[0-9.]+)?"
-                    r"(-r[0-9.]+-(constant|poisson|gamma[0-9.]+))?(-for-[a-z][a-z0-9_]*)?")
+                    r"(-r[0-9.]+-(constant|poisson|gamma[0-9.]+))?(-for-[a-z][a-z0-9_]*)?(-turns[0-9]+)?"
+                    r"(-x[0-9.]+)?")
 
 
 def _share_label(fraction: float) -> str:
@@ -126,10 +128,15 @@ class CellRun:
     kv_tokens: int | None = None  # the live server's KV cache in tokens (None: unknown)
     # prompts wanted while the clock runs: made without calls to the server being measured where it can
     build_in_window: Callable[[list[list[int]]], Awaitable[list]] | None = None
+    # the records of the dataset the cell names, where its kind reads them itself (a trace's requests)
+    records: list | None = None
+    # added to the prompts' salt: a step of a search that must not find the last step's blocks cached
+    salt_extra: str = ""
 
     @property
     def salt(self) -> str:
-        return f"{self.cell.server_id}/{self.cell.id}/{self.repeat}"
+        salt = f"{self.cell.server_id}/{self.cell.id}/{self.repeat}"
+        return f"{salt}/{self.salt_extra}" if self.salt_extra else salt
 
 
 @dataclass
@@ -185,6 +192,12 @@ class Workload:
     concurrency_in_id: ClassVar[bool] = True
     # it sends requests on a schedule (open loop): its requests have a scheduled send time and a lag
     open_loop: ClassVar[bool] = False
+    # ``speedmatrix measure`` can make its cell from its options (kinds with settings of their own, such as a
+    # schedule or turns, are written in an experiment)
+    by_hand: ClassVar[bool] = True
+    # its corpus is a trace (speedmatrix.traces), not prompts: its cells get the trace's requests
+    # (``CellRun.records``) and build prompts from the built-in corpus
+    reads_trace: ClassVar[bool] = False
 
     # ---- the experiment ----------------------------------------------------
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:

@@ -36,10 +36,18 @@ class PrefixCache(Workload):
         return round(cell.shared_prefix * cell.context_tokens)
 
     async def prepare(self, run: CellRun) -> dict[str, list]:
-        cell, shared = run.cell, self.shared_tokens(run.cell)
-        return {phase: await run.build([run.source.shared_prefix_prompt(i, cell.context_tokens, shared, run.salt)
-                                        for i in range(k * cell.requests, (k + 1) * cell.requests)])
-                for k, phase in enumerate(PASSES)}
+        """Both passes' prompts, all in one format: a text prompt is tokenized by the server (its BOS first, its
+        own merges), so a text prompt and an id prompt share no cached block even where their ids agree. Where
+        any prompt cannot be made exact as text, every prompt of the cell goes as ids."""
+        cell, shared, n = run.cell, self.shared_tokens(run.cell), run.cell.requests
+        ids = [run.source.shared_prefix_prompt(i, cell.context_tokens, shared, run.salt) for i in range(2 * n)]
+        made = await run.build(ids)
+        formats = {getattr(p, "format", "token_ids") for p in made}
+        if len(formats) > 1:
+            run.progress("some prompts could not be made exact as text: the cell sends every prompt as token ids "
+                         "(a text prompt and an id prompt share no cached block)")
+            made = ids
+        return {phase: made[k * n:(k + 1) * n] for k, phase in enumerate(PASSES)}
 
     async def measure(self, run: CellRun, by_phase: dict[str, list]) -> Measured:
         cell, shared = run.cell, self.shared_tokens(run.cell)

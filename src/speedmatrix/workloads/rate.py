@@ -66,6 +66,7 @@ async def send_on_schedule(run: CellRun, arrival: arrivals.Arrival, schedule: li
 class Rate(Workload):
     name = "rate"
     order = 5
+    by_hand = False
     title = "Open-loop rate"
     blurb = "requests sent on a seeded schedule at each rate; offered against achieved rate, send lag, latency"
     footnote = FOOTNOTE

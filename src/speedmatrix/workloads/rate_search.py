@@ -26,8 +26,9 @@ from .slo_search import TargetSearch, frame, searched
 
 
 async def search_rates(probe, target: slo.Target, start: float, upper: float, resolution: float,
-                       progress=print) -> dict[str, Any]:
-    """Doubling then bisection over rates; ``probe(rate, step)`` returns (records, window seconds, keeping)."""
+                       progress=print, show=lambda rate: f"{rate:g} req/s") -> dict[str, Any]:
+    """Doubling then bisection over rates (or any load the schedule scales with, named by ``show``);
+    ``probe(rate, step)`` returns (records, window seconds, keeping)."""
     steps: list[dict[str, Any]] = []
     batches: dict[int, list] = {}
     good, bad, stopped = 0.0, None, None
@@ -43,7 +44,7 @@ async def search_rates(probe, target: slo.Target, start: float, upper: float, re
                       "achieved_rate_rps": keeping["achieved_rate_rps"],
                       "schedule_lag_p95_ms": keeping["schedule_lag_p95_ms"]})
         batches[k] = recs
-        progress(f"rate search step {k}: {rate:g} req/s, {len(recs)} requests, "
+        progress(f"search step {k}: {show(rate)}, {len(recs)} requests, "
                  + ("client-bound: " + str(keeping["client_bound_reason"]) if holds is None
                     else ("holds " if holds else "misses ") + target.name))
         return holds
@@ -52,7 +53,7 @@ async def search_rates(probe, target: slo.Target, start: float, upper: float, re
     while True:  # doubling until it fails, the client falls behind, or the bound
         held = await step(rate)
         if held is None:
-            stopped = f"the client fell behind its schedule at {rate:g} req/s"
+            stopped = f"the client fell behind its schedule at {show(rate)}"
             break
         if not held:
             bad = rate
@@ -65,7 +66,7 @@ async def search_rates(probe, target: slo.Target, start: float, upper: float, re
         rate = round((good + bad) / 2, 6)
         held = await step(rate)
         if held is None:
-            stopped = f"the client fell behind its schedule at {rate:g} req/s"
+            stopped = f"the client fell behind its schedule at {show(rate)}"
             break
         good, bad = (rate, bad) if held else (good, rate)
     return {"answer": good, "interval": [good, bad], "steps": steps, "batches": batches, "stopped": stopped}
@@ -75,6 +76,7 @@ async def search_rates(probe, target: slo.Target, start: float, upper: float, re
 class RateSearch(TargetSearch):
     name = "rate_search"
     order = 7
+    by_hand = False
     title = "Rate search"
     blurb = ("the highest open-loop request rate at which a latency target holds, searched within one job "
              "(doubling, then bisection to the resolution), with the interval the search leaves it in")

@@ -64,6 +64,7 @@ def step_row(step: int, profile: str, records: list[client.RequestRecord], windo
 class RateSweep(Workload):
     name = "rate_sweep"
     order = 6
+    by_hand = False
     title = "Rate sweep"
     blurb = ("one request at a time, then as many as the server takes, then open-loop rates spaced between the two "
              "(GuideLLM's sweep profile), within one job: goodput on a latency target against the offered rate")
@@ -122,7 +123,12 @@ class RateSweep(Workload):
         low = (await closed("synchronous", 1, cell.requests))["request_rate_rps"] or 0.0
         high = (await closed("throughput", upper, max(cell.requests, 2 * upper)))["request_rate_rps"] or 0.0
         run.progress(f"rate sweep: synchronous {low:.2f} req/s, throughput {high:.2f} req/s")
-        for k, rate in enumerate(rates_between(low, high, int(o["rates"])), start=1):
+        between = rates_between(low, high, int(o["rates"]))
+        stopped = None if between else (f"the throughput end ({high:.2f} req/s) is not above the synchronous end "
+                                        f"({low:.2f} req/s): no rates between them")
+        if stopped:
+            run.progress(f"rate sweep: {stopped}")
+        for k, rate in enumerate(between, start=1):
             arrival = arrivals.Arrival(rate=rate, kind=o["arrival"], burstiness=o["burstiness"],
                                        duration_s=float(cell.duration_s), warmup_s=o["warmup_s"], seed=o["seed"])
             schedule = arrival.schedule(k)
@@ -136,7 +142,8 @@ class RateSweep(Workload):
         records = [r for k in sorted(batches) for r in batches[k]]
         figures = stats.fixed(batches[2], steps[1]["window_s"])
         figures.update({**searched(records, [s["window_s"] for s in steps]), "sweep_sync_rate_rps": low,
-                        "sweep_max_rate_rps": high, "rate_sweep_steps": steps, "slo_target": target.as_dict()})
+                        "sweep_max_rate_rps": high, "rate_sweep_steps": steps, "slo_target": target.as_dict(),
+                        "slo_search_stopped": stopped})
         return Measured(figures, records)
 
     def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
@@ -145,7 +152,8 @@ class RateSweep(Workload):
         return {"sweep_slo": (result.get("slo_target") or {}).get("name"),
                 "sweep_sync_rate_rps": result.get("sweep_sync_rate_rps"),
                 "sweep_max_rate_rps": result.get("sweep_max_rate_rps"),
-                "rate_sweep_steps": json.dumps(steps) if steps else None}
+                "rate_sweep_steps": json.dumps(steps) if steps else None,
+                "slo_search_stopped": result.get("slo_search_stopped")}
 
     def cell_label(self, row: Any) -> str:
         return f"rate sweep / {fmt.ctx(int(row.context_tokens))}"
@@ -173,4 +181,7 @@ class RateSweep(Workload):
                        else f"{fmt.ms(s['ttft_p50_ms'])} / {fmt.ms(s['ttft_p95_ms'])}"),
                       fmt.ms(s["schedule_lag_p95_ms"]),
                       fmt.status(s["status"]) + (f": {s['reason']}" if s["reason"] else ""))
+            if isinstance(r.slo_search_stopped, str):
+                t.add(fmt.ctx(int(r.context_tokens)), "—", "", "", "", "", "", "", "",
+                      f"stopped: {r.slo_search_stopped}")
         return t

@@ -72,7 +72,8 @@ Probe = Callable[[int, int, int], Awaitable[tuple[float, list[client.RequestReco
 
 
 async def search(probe: Probe, target: slo.Target, upper: int, requests: int, margin: float,
-                 progress: Callable[[str], None] = print) -> tuple[int, list[Step], dict[int, list]]:
+                 progress: Callable[[str], None] = print, noun: str = "concurrency"
+                 ) -> tuple[int, list[Step], dict[int, list]]:
     """(highest concurrency that held, 0 if none; every step; each step's records).
 
     ``probe(concurrency, requests, step)`` measures one batch and returns (wall seconds, records)."""
@@ -95,7 +96,7 @@ async def search(probe: Probe, target: slo.Target, upper: int, requests: int, ma
                           figures["p_tpot_ms"], figures["p_e2e_ms"], figures["goodput_tok_s"],
                           tokens / wall if wall > 0 else None))
         batches[k] = recs
-        progress(f"slo_search step {k}: concurrency {c}, {len(recs)} requests, "
+        progress(f"search step {k}: {noun} {c}, {len(recs)} requests, "
                  f"{'holds' if holds else 'misses'} {target.name}"
                  + (" (near a limit: measured twice)" if rechecked else ""))
         return holds
