@@ -99,8 +99,8 @@ def test_saturation_is_a_queue_that_grows_through_the_window():
 def test_the_reference_asks_vllm_bench_serve_for_the_same_arrivals(tmp_path):
     """A rate cell in the reference: vllm bench serve gets every request of the schedule at the rate, with the
     cell's gamma shape (Poisson: 1) and no concurrency cap; speedmatrix measures it without a warm-up, as the
-    others are asked. Constant arrivals (which vllm bench serve does not draw) and clients that cannot send at a
-    rate are refused before any server starts."""
+    others are asked. Constant arrivals (which vllm bench serve does not draw), and a rate cell no named client can
+    send at a rate, are refused before any server starts."""
     import yaml
 
     from conftest import REPO
@@ -121,12 +121,25 @@ def test_the_reference_asks_vllm_bench_serve_for_the_same_arrivals(tmp_path):
     with pytest.raises(experiment.ConfigError, match="constant arrivals: vllm bench serve draws Poisson or gamma"):
         experiment.load("c", tmp_path)
     data["workloads"]["rate"].update(arrival="poisson")
-    # (aiperf looked for in this Python, where it is not: its import check answers at once)
-    data["reference"] = {"cells": ["rate-ctx128-temp0.7-r2-poisson"], "clients": ["vllm_bench_serve", "aiperf"],
+    # a client that cannot send at a rate sits the rate cells out (its other cells it measures); with no client
+    # that can, the reference is refused. (aiperf looked for in this Python, where it is not: its import check
+    # answers at once.)
+    rate_id = "rate-ctx128-temp0.7-r2-poisson"
+    data["workloads"]["capacity"] = [data["workloads"]["capacity"], {"contexts": [128], "concurrency": [4],
+                                                                     "requests": 8, "max_tokens": 16}]
+    data["reference"] = {"cells": [rate_id, "capacity-ctx128-c4"], "clients": ["vllm_bench_serve", "aiperf"],
                          "python": {"aiperf": sys.executable}}
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
-    found = reference.problems(experiment.load("p", tmp_path))
-    assert any("aiperf cannot send open-loop arrivals at a rate" in p for p in found), found
+    exp = experiment.load("p", tmp_path)
+    assert not any("open-loop" in p for p in reference.problems(exp))
+    assert reference.clients_for(exp.cell("base", rate_id), ["vllm_bench_serve", "aiperf"]) == (
+        ["vllm_bench_serve"], ["aiperf"])
+    assert reference.clients_for(exp.cell("base", "capacity-ctx128-c4"), ["vllm_bench_serve", "aiperf"]) == (
+        ["vllm_bench_serve", "aiperf"], [])
+    data["reference"]["clients"] = ["aiperf"]
+    (tmp_path / "q.yaml").write_text(yaml.safe_dump(data))
+    found = reference.problems(experiment.load("q", tmp_path))
+    assert any("none of aiperf can send open-loop arrivals at a rate" in p for p in found), found
 
 
 def test_a_rate_search_doubles_then_bisects_to_its_resolution_and_keeps_its_interval():

@@ -216,7 +216,8 @@ def test_matrix_is_real_and_complete(full_run):
         assert all(t["cached_share"] >= 0.5 for t in few[1:]) and few[-1]["cached_share"] >= few[1]["cached_share"]
         assert max(t["cached_share"] for t in many[1:]) < min(t["cached_share"] for t in few[1:]), (sid, many)
     sreq = reqs[reqs.cell_id.str.startswith("sessions-")]
-    assert sreq.cached_tokens.notna().all() and set(sreq.turn) == {1, 2, 3, 4} and sreq.session.nunique() == 26
+    assert sreq.cached_tokens.notna().all() and set(sreq.turn) == {1, 2, 3, 4}
+    assert sorted(sreq.groupby(["server_id", "cell_id"]).session.nunique()) == [2, 2, 24, 24]  # a session a user
     # trace replays: the Mooncake-format trace's sharing, the hit rate it allows beside the server's
     rep = m[m.workload == "replay"]
     assert len(rep) == 6 and sorted(rep.time_scale) == [2, 2, 2, 2, 4, 4]
@@ -260,8 +261,11 @@ def test_matrix_is_real_and_complete(full_run):
     assert (both.total_tok_s_non_looping <= both.total_tok_s + 1e-9).all()
     assert {"loop_onset_token", "loop_detected_at_token", "chunk_chars", "prompt_format"} <= set(reqs.columns)
     # prompts go as text of exactly the context's length where the trained tokenizer allows it; where its BPE
-    # merges across the cut (about one in twelve here) as token ids, and each request records which
-    assert set(reqs.prompt_format) == {"text", "token_ids"} and (reqs.prompt_format == "text").mean() > 0.8
+    # merges across the cut (about one in twelve here) as token ids, and each request records which. (Sessions
+    # and replays send ids by design: a conversation's history and a trace's shared blocks must be exact.)
+    built = reqs[~reqs.cell_id.str.match(r"(sessions|replay)")]
+    assert set(built.prompt_format) == {"text", "token_ids"} and (built.prompt_format == "text").mean() > 0.8
+    assert (reqs[reqs.cell_id.str.match(r"(sessions|replay)")].prompt_format == "token_ids").all()
 
 
 def test_decisions_targets_goodput_frontier_and_search(full_run):

@@ -53,11 +53,21 @@ def problems(exp) -> list[str]:
     cells_by_id = {c.id: c for c in exp.cells()}
     open_loop = [cid for cid in settings.get("cells", [])
                  if cid in cells_by_id and "rate" in cells_by_id[cid].kind.reference_load(cells_by_id[cid])]
-    slow = [n for n in clients_of(settings) if n in table and not table[n].rates]
-    if open_loop and slow:
-        out.append(f"{exp.path}: key 'reference.clients': {', '.join(slow)} cannot send open-loop arrivals at a rate "
-                   f"(reference.cells names {', '.join(open_loop)}): name clients that can (vllm_bench_serve)")
+    able = [n for n in clients_of(settings) if n in table and table[n].rates]
+    if open_loop and not able:
+        out.append(f"{exp.path}: key 'reference.clients': none of {', '.join(clients_of(settings))} can send "
+                   f"open-loop arrivals at a rate (reference.cells names {', '.join(open_loop)}): add one that can "
+                   "(vllm_bench_serve)")
     return out
+
+
+def clients_for(cell: cells.Cell, names: list[str]) -> tuple[list[str], list[str]]:
+    """The named clients that can measure the cell, and those left out: a client without open-loop arrivals at a
+    rate measures no rate cell (the others' cells it measures as ever)."""
+    table = peers.table()
+    if "rate" not in cell.kind.reference_load(cell):
+        return list(names), []
+    return [n for n in names if table[n].rates], [n for n in names if not table[n].rates]
 
 
 def _ours(result: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +136,9 @@ def run_rule(job: JobContext, cell_id: str, out_json: str) -> dict[str, Any]:
                           "comparison with other clients takes cells of N requests at c, output capped")
     settings = settings_of(exp)
     rounds = int(settings["rounds"])
-    names = clients_of(settings)  # known and importable: preflight checked them before any job
+    # known and importable (preflight checked them before any job); those that cannot send at a rate sit a rate
+    # cell out, said in its document
+    names, left_out = clients_for(cell, clients_of(settings))
     job.use_api_key()
     client_cfg = exp.client.replace(ignore_eos=True)  # every client ignores EOS: the same output lengths
     tokenizer = settings.get("tokenizer", launch["model_dir"])
@@ -136,7 +148,8 @@ def run_rule(job: JobContext, cell_id: str, out_json: str) -> dict[str, Any]:
                        info["startup"].get("kv_cache_size_tokens"))
         startup = info["startup"]
     doc = document(cell, runs, experiment=exp.name, server_id=job.server_id, rounds=rounds, client=client_cfg.as_dict(),
-                   provenance=job.provenance(startup))
+                   provenance=job.provenance(startup),
+                   left_out={n: "cannot send open-loop arrivals at a rate" for n in left_out})
     atomic.write_json(out_json, doc)
     if doc["failed"]:
         print(f"failed rounds (kept with their errors in {out_json}): {', '.join(sorted(doc['failed']))}")
