@@ -135,9 +135,9 @@ class DatasetSource:
 
     def conversation(self, index: int, context: int, salt: str = "") -> tuple[Tagged, list[list[int]]]:
         """Session ``index``'s opening prompt (as ``prompt`` picks it) and its record's later user turns."""
-        opening = self.prompt(index, context, salt)
-        k = self.fitting(context)[index % len(self.fitting(context))]
-        return opening, list(self.turn_ids[k]) if self.turn_ids else []
+        fit = self.fitting(context)
+        k = fit[index % len(fit)]
+        return self.prompt(index, context, salt), list(self.turn_ids[k]) if self.turn_ids else []
 
 
 async def from_dataset(session, base_url: str, model: str, records: list, seed: int = 0, nonce: str = "",

@@ -62,6 +62,15 @@ async def send_on_schedule(run: CellRun, arrival: arrivals.Arrival, schedule: li
     return records, figures
 
 
+def rate_point(row: Any, series: str) -> list[dict[str, Any]]:
+    """An open-loop cell's matrix row as one point of goodput against offered rate (none if it was not sent)."""
+    if row.status == "over_capacity":
+        return []
+    return [{"series": series, "offered_rate_rps": row.offered_rate_rps, "achieved_rate_rps": row.achieved_rate_rps,
+             "output_tok_s": row.total_tok_s, "goodput_tok_s": row.goodput_tok_s, "slo": row.slo,
+             "status": row.status}]
+
+
 @register
 class Rate(Workload):
     name = "rate"
@@ -166,8 +175,4 @@ class Rate(Workload):
         return f"{fmt.num(row.offered_rate_rps)} req/s / {fmt.ctx(int(row.context_tokens))}"
 
     def rate_points(self, row: Any) -> list[dict[str, Any]]:
-        if row.status == "over_capacity":
-            return []
-        return [{"series": f"rate cells, {fmt.ctx(int(row.context_tokens))}", "offered_rate_rps": row.offered_rate_rps,
-                 "achieved_rate_rps": row.achieved_rate_rps, "output_tok_s": row.total_tok_s,
-                 "goodput_tok_s": row.goodput_tok_s, "slo": row.slo, "status": row.status}]
+        return rate_point(row, f"rate cells, {fmt.ctx(int(row.context_tokens))}")

@@ -26,9 +26,9 @@ from .slo_search import TargetSearch, frame, searched
 
 
 async def search_rates(probe, target: slo.Target, start: float, upper: float, resolution: float,
-                       progress=print, show=lambda rate: f"{rate:g} req/s") -> dict[str, Any]:
-    """Doubling then bisection over rates (or any load the schedule scales with, named by ``show``);
-    ``probe(rate, step)`` returns (records, window seconds, keeping)."""
+                       progress=print, show=lambda rate: f"{rate:g} req/s", load: str = "rate") -> dict[str, Any]:
+    """Doubling then bisection over rates (or any load the schedule scales with: ``load`` names it in each step,
+    ``show`` in the log); ``probe(rate, step)`` returns (records, window seconds, keeping)."""
     steps: list[dict[str, Any]] = []
     batches: dict[int, list] = {}
     good, bad, stopped = 0.0, None, None
@@ -38,7 +38,7 @@ async def search_rates(probe, target: slo.Target, start: float, upper: float, re
         recs, window, keeping = await probe(rate, k)
         figures = slo.evaluate(frame(recs), target, window)
         holds = None if keeping["client_bound"] else bool(figures["slo_met"])
-        steps.append({"step": k, "rate": rate, "requests": len(recs), "window_s": window, "holds": holds,
+        steps.append({"step": k, load: rate, "requests": len(recs), "window_s": window, "holds": holds,
                       "attainment": figures["attainment"], "p_ttft_ms": figures["p_ttft_ms"],
                       "p_tpot_ms": figures["p_tpot_ms"], "goodput_tok_s": figures["goodput_tok_s"],
                       "achieved_rate_rps": keeping["achieved_rate_rps"],
@@ -70,6 +70,33 @@ async def search_rates(probe, target: slo.Target, start: float, upper: float, re
             break
         good, bad = (rate, bad) if held else (good, rate)
     return {"answer": good, "interval": [good, bad], "steps": steps, "batches": batches, "stopped": stopped}
+
+
+def answered(found: dict[str, Any], target: slo.Target, load: str, steps_key: str) -> Measured:
+    """A search over a load (``search_rates``) as a cell's result: the client's figures of the step at the answer,
+    what every step sent, the answer with its bracket (``slo_max_<load>``, ``slo_max_<load>_interval``), why it
+    stopped, and every step (``steps_key``)."""
+    steps, batches = found["steps"], found["batches"]
+    at = next((s for s in reversed(steps) if s["holds"] and s[load] == found["answer"]), steps[0])
+    records = [r for k in sorted(batches) for r in batches[k]]
+    figures = stats.fixed(batches[at["step"]], at["window_s"])
+    figures.update({
+        **searched(records, [s["window_s"] for s in steps]),
+        f"slo_max_{load}": found["answer"], f"slo_max_{load}_interval": found["interval"],
+        "slo_search_stopped": found["stopped"], "slo_search_phase": f"step{at['step']}",
+        "slo_search_window_s": at["window_s"], steps_key: steps, "slo_target": target.as_dict(),
+    })
+    return Measured(figures, records)
+
+
+def answer_cells(answer: Any, interval: Any, stopped: Any, show) -> tuple[str, str]:
+    """A search's answer row in the report: the answer with the bracket the search left it in, and why it stopped
+    where it did (``interval``: the matrix's JSON; ``show`` formats a load)."""
+    low, high = json.loads(interval) if isinstance(interval, str) else (None, None)
+    stopped = stopped if isinstance(stopped, str) else None
+    bracket = (f"held; {show(high)} failed" if high is not None else "a lower bound: nothing failed "
+               + ("before the search stopped" if stopped else "up to the search's bound"))
+    return f"**{show(answer)}** ({bracket})", f"stopped: {stopped}" if stopped else ""
 
 
 @register
@@ -124,17 +151,7 @@ class RateSearch(TargetSearch):
 
         found = await search_rates(probe, target, float(o["start_rate"]), float(o["max_rate"]),
                                    float(o["resolution"]), run.progress)
-        steps, batches = found["steps"], found["batches"]
-        at = next((s for s in reversed(steps) if s["holds"] and s["rate"] == found["answer"]), steps[0])
-        records = [r for k in sorted(batches) for r in batches[k]]
-        figures = stats.fixed(batches[at["step"]], at["window_s"])
-        figures.update({
-            **searched(records, [s["window_s"] for s in steps]),
-            "slo_max_rate": found["answer"], "slo_max_rate_interval": found["interval"],
-            "slo_search_stopped": found["stopped"], "slo_search_phase": f"step{at['step']}",
-            "slo_search_window_s": at["window_s"], "slo_rate_search_steps": steps, "slo_target": target.as_dict(),
-        })
-        return Measured(figures, records)
+        return answered(found, target, "rate", "slo_rate_search_steps")
 
     def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
                       provenance: dict[str, Any]) -> dict[str, Any]:
@@ -159,13 +176,7 @@ class RateSearch(TargetSearch):
                       fmt.pct(s["attainment"]) if s["attainment"] is not None else "—", fmt.ms(s["p_ttft_ms"]),
                       fmt.num(s["goodput_tok_s"]),
                       "client-bound" if s["holds"] is None else ("yes" if s["holds"] else "no"))
-            if steps:  # the answer, with the bracket the search leaves it in and why it stopped where it did
-                interval = r.slo_max_rate_interval
-                low, high = json.loads(interval) if isinstance(interval, str) else (None, None)
-                stopped = getattr(r, "slo_search_stopped", None)
-                bracket = (f"held; {fmt.num(high)} failed" if high is not None else
-                           "a lower bound: nothing failed " + ("before the search stopped" if isinstance(stopped, str)
-                                                              else "up to the search's bound"))
-                t.add(fmt.ctx(int(r.context_tokens)), r.slo, "answer", f"**{fmt.num(r.slo_max_rate)}** ({bracket})",
-                      "", "", "", "", "", f"stopped: {stopped}" if isinstance(stopped, str) else "")
+            if steps:
+                answer, why = answer_cells(r.slo_max_rate, r.slo_max_rate_interval, r.slo_search_stopped, fmt.num)
+                t.add(fmt.ctx(int(r.context_tokens)), r.slo, "answer", answer, "", "", "", "", "", why)
         return t

@@ -22,11 +22,7 @@ from ..prompts import Tagged
 from ..report import fmt
 from ..report.table import Table
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
-from .rate import Rate, send_on_schedule
-
-KEPT = ("arrival", "offered_rate_rps", "scheduled_rate_rps", "achieved_rate_rps", "schedule_lag_p50_ms",
-        "schedule_lag_p95_ms", "schedule_lag_max_ms", "counted_requests", "ttft_trend_rho", "ttft_growth",
-        "in_flight_growth", "littles_law_ratio")
+from .rate import Rate, rate_point, send_on_schedule
 
 
 @register
@@ -126,10 +122,11 @@ class Replay(Workload):
 
     def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
                       provenance: dict[str, Any]) -> dict[str, Any]:
-        return {k: result.get(k) for k in (*self.matrix_columns, *KEPT)}
+        # a replay's rate, lag and saturation columns are a rate cell's
+        return {k: result.get(k) for k in (*self.matrix_columns, *Rate.matrix_columns)}
 
     def rate_points(self, row: Any) -> list[dict[str, Any]]:
-        return [{**p, "series": f"replay of {row.corpus}"} for p in Rate.rate_points(self, row)]
+        return rate_point(row, f"replay of {row.corpus}")
 
     def cell_label(self, row: Any) -> str:
         return f"{row.corpus} x{fmt.num(row.time_scale)}"

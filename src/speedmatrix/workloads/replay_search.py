@@ -16,13 +16,13 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from .. import slo, stats
+from .. import slo
 from ..report import fmt
 from ..report.table import Table
 from .base import Cell, CellRun, Measured, register, sampling_of
-from .rate_search import search_rates
+from .rate_search import answer_cells, answered, search_rates
 from .replay import Replay
-from .slo_search import TargetSearch, searched
+from .slo_search import TargetSearch
 
 
 @register
@@ -79,19 +79,11 @@ class ReplaySearch(TargetSearch):
             return recs, figures["span_s"] or 0.0, figures
 
         found = await search_rates(probe, target, float(o["start_scale"]), float(o["max_scale"]),
-                                   float(o["resolution"]), run.progress, show=lambda scale: f"time x{scale:g}")
-        steps = [{"time_scale": s.pop("rate"), **s} for s in found["steps"]]
-        batches = found["batches"]
-        at = next((s for s in reversed(steps) if s["holds"] and s["time_scale"] == found["answer"]), steps[0])
-        records = [r for k in sorted(batches) for r in batches[k]]
-        figures = stats.fixed(batches[at["step"]], at["window_s"])
-        figures.update({
-            **searched(records, [s["window_s"] for s in steps]), "trace_prompts_skipped": skipped,
-            "slo_max_time_scale": found["answer"], "slo_max_time_scale_interval": found["interval"],
-            "slo_search_stopped": found["stopped"], "slo_search_phase": f"step{at['step']}",
-            "slo_search_window_s": at["window_s"], "slo_replay_search_steps": steps, "slo_target": target.as_dict(),
-        })
-        return Measured(figures, records)
+                                   float(o["resolution"]), run.progress, show=lambda scale: f"time x{scale:g}",
+                                   load="time_scale")
+        measured = answered(found, target, "time_scale", "slo_replay_search_steps")
+        measured.figures["trace_prompts_skipped"] = skipped
+        return measured
 
     def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
                       provenance: dict[str, Any]) -> dict[str, Any]:
@@ -116,13 +108,8 @@ class ReplaySearch(TargetSearch):
                       fmt.num(s["goodput_tok_s"]),
                       "client-bound" if s["holds"] is None else ("yes" if s["holds"] else "no"))
             if steps:
-                interval = r.slo_max_time_scale_interval
-                low, high = json.loads(interval) if isinstance(interval, str) else (None, None)
-                stopped = r.slo_search_stopped
-                bracket = (f"held; x{fmt.num(high)} failed" if high is not None else
-                           "a lower bound: nothing failed " + ("before the search stopped" if isinstance(stopped, str)
-                                                              else "up to the search's bound"))
-                t.add(r.corpus, r.slo, "answer", f"**x{fmt.num(r.slo_max_time_scale)}** ({bracket})", "", "", "",
-                      "", "", f"stopped: {stopped}" if isinstance(stopped, str) else "")
+                answer, why = answer_cells(r.slo_max_time_scale, r.slo_max_time_scale_interval, r.slo_search_stopped,
+                                           lambda v: f"x{fmt.num(v)}")
+                t.add(r.corpus, r.slo, "answer", answer, "", "", "", "", "", why)
         return t
 
