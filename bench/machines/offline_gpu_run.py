@@ -171,10 +171,23 @@ def start(ns: argparse.Namespace) -> int:
     log = open(f"{WORK}/run{ns.tag}.log", "ab")
     subprocess.run([sys.executable, "-c", "import vllm, snakemake, altair, msgspec; print('vllm', vllm.__version__)"],
                    env=_env(), check=True, cwd=REPO)
-    proc = subprocess.Popen(["bash", "-c", f"{' '.join(cmd)}; echo $? > {WORK}/rc{ns.tag}"], stdout=log,
-                            stderr=subprocess.STDOUT, cwd=REPO, env=_env(), start_new_session=True)
-    print(f"workflow started (pid {proc.pid}), log {WORK}/run{ns.tag}.log")
+    cpus = cpu_list(ns.cpus) if ns.cpus else None
+    delay = f"sleep {ns.delay_s:g}; " if ns.delay_s else ""
+    proc = subprocess.Popen(["bash", "-c", f"{delay}{' '.join(cmd)}; echo $? > {WORK}/rc{ns.tag}"], stdout=log,
+                            stderr=subprocess.STDOUT, cwd=REPO, env=_env(), start_new_session=True,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+    print(f"workflow started (pid {proc.pid}{f', cores {ns.cpus}' if cpus else ''}"
+          f"{f', after {ns.delay_s:g} s' if ns.delay_s else ''}), log {WORK}/run{ns.tag}.log")
     return 0
+
+
+def cpu_list(spec: str) -> set[int]:
+    """'0-11' or '12,13,14-15' -> the cores (the workflow and every process it starts stay on them)."""
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
 
 
 def agree(ns: argparse.Namespace) -> int:
@@ -332,6 +345,9 @@ def main() -> int:
                    help="more workflow config, e.g. gpus=1 (one undivided device: one server at a time)")
     s.add_argument("--until", action="append", default=[], metavar="RULE",
                    help="run only the jobs these rules need, and theirs (Snakemake's --until), e.g. reference")
+    s.add_argument("--cpus", help="keep the workflow, its servers and clients on these cores (e.g. 0-11): two "
+                                  "runs side by side on one host without sharing cores")
+    s.add_argument("--delay-s", type=float, default=0, help="start the workflow this many seconds later")
     s.set_defaults(func=start)
     w = sub.add_parser("wait")
     w.add_argument("experiment")
