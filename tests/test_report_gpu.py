@@ -47,3 +47,20 @@ def test_gpu_sections():
     assert "random weights" in text and "mean nothing" in text
     # the sustained-decode table shows the prose cell, not the repeated code one
     assert "| 1K | 55.0 | 410.0 |" in text
+
+
+def test_spec_sweep_keeps_an_unstable_point():
+    """The sweep chart's data: every speculative setting of a cell measured at more than one, an Unstable cell
+    included (a figure with a wide spread, as the other charts show it); a failed cell is left out."""
+    from speedmatrix import charts
+
+    m = pd.DataFrame([
+        row(server_id="base", spec_tokens=0, status="unstable", total_tok_s=2878.0),
+        row(server_id="mtp2", spec_tokens=2, total_tok_s=1988.0, spec_acceptance_rate=0.135),
+        row(server_id="mtp4", spec_tokens=4, total_tok_s=2128.0, spec_acceptance_rate=0.082),
+        row(server_id="mtp3", spec_tokens=3, status="failed", total_tok_s=None),
+        row(server_id="base", spec_tokens=0, concurrency=16, cell_id="decode-ctx1024-c16-alone"),
+    ])
+    d = charts.spec_data(m)
+    assert sorted(d["spec_tokens"]) == [0, 2, 4]
+    assert set(d["cell_id"]) == {"decode-ctx1024-c1"}

@@ -125,8 +125,10 @@ def ttft_context(d: pd.DataFrame) -> alt.Chart:
 
 
 def spec_data(matrix: pd.DataFrame) -> pd.DataFrame | None:
-    """The cells measured at more than one speculative-token setting."""
-    d = matrix[(matrix["status"] == "valid") & matrix["spec_tokens"].notna()]
+    """The cells measured at more than one speculative-token setting (an unstable cell is a figure with a wide
+    spread, shown as the other charts show it)."""
+    d = _valid(matrix)
+    d = d[d["spec_tokens"].notna()]
     return _none_if_empty(d[d.groupby("cell_id")["spec_tokens"].transform("nunique") > 1])
 
 
@@ -141,7 +143,7 @@ def spec_sweep(d: pd.DataFrame) -> alt.Chart:
         y=alt.Y("mean(spec_acceptance_rate):Q", title="acceptance rate", scale=alt.Scale(domain=[0, 1])),
         tooltip=["cell_id", "spec_tokens", "mean(spec_acceptance_rate)"])
     return alt.hconcat(tok.add_params(pick).properties(width=300, height=220, title="tok/s"),
-                       acc.properties(width=300, height=220, title="acceptance (random weights: meaningless)")
+                       acc.properties(width=300, height=220, title="acceptance rate")
                        ).properties(title="Speculative decoding sweep")
 
 
