@@ -160,6 +160,10 @@ def metrics_handler(running: int):
     return handler
 
 
+async def models(_request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": "ok", "object": "model"}]})
+
+
 def app(running: int | None = None, tokenize_answer: str = "ok") -> web.Application:
     a = web.Application()
     a[PROMPTS] = []  # every prompt received, for the tests to look at
@@ -167,6 +171,7 @@ def app(running: int | None = None, tokenize_answer: str = "ok") -> web.Applicat
     a[TOKENIZE] = tokenize_answer
     a.router.add_post("/v1/completions", completions)
     a.router.add_get("/health", health)  # GuideLLM checks it before it starts
+    a.router.add_get("/v1/models", models)  # the broker's warm-up asks the model's name
     a.router.add_post("/tokenize", tokenize)
     a.router.add_post("/detokenize", detokenize)
     if running is not None:

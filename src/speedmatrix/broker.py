@@ -41,6 +41,7 @@ from .procs import (
     end_group,
     group_alive,
     http_get,
+    http_post_json,
     lease_held,
     owner_alive,
     pid_alive,
@@ -106,6 +107,29 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Path,
         time.sleep(POLL_S)
     raise TimeoutError(f"vLLM did not serve {url} within {timeout_s:g} s (startup_timeout_s); its last words: "
                        f"{complaint(log)} (its log: {log})")
+
+
+# What a server compiles on its first requests, after its own start-up warm-up, is not the first cell's to pay:
+# vLLM 0.25.1 on CUDA compiles its top-k/top-p sampling kernel (Triton) at the first sampled batch, a stall of
+# seconds inside the first cell measured (docs/results/h200-tiny-trained-spec/). Before a server is declared up it
+# gets one short greedy and one short sampled completion, as `vllm bench serve` sends a test prompt before it
+# measures; every cell's counters are read after (deltas), and a two-token prompt fills no prefix-cache block.
+WARM_UP_REQUESTS = ({"temperature": 0.0}, {"temperature": 0.7, "top_p": 0.95, "top_k": 20})
+WARM_UP_TIMEOUT_S = 60.0
+
+
+def warm_up(url: str) -> dict[str, Any]:
+    """The warm-up requests' outcome for ``startup.json``: seconds and HTTP codes, or why it could not (a server
+    that refuses them still serves the cells; the cells say how it answers)."""
+    t0 = time.monotonic()
+    try:
+        _, listing = http_get(f"{url}/v1/models", timeout=5)
+        model = json.loads(listing)["data"][0]["id"]
+        codes = [http_post_json(f"{url}/v1/completions", {"model": model, "prompt": "Hello", "max_tokens": 4, **s},
+                                timeout=WARM_UP_TIMEOUT_S)[0] for s in WARM_UP_REQUESTS]
+    except (urllib.error.URLError, OSError, ValueError, LookupError, TypeError) as exc:
+        return {"seconds": round(time.monotonic() - t0, 3), "error": f"{type(exc).__name__}: {exc}"[:200]}
+    return {"seconds": round(time.monotonic() - t0, 3), "status_codes": codes}
 
 
 def startup_record(url: str) -> dict[str, Any]:
@@ -253,7 +277,8 @@ def run_broker(a: BrokerArgs) -> int:
             atomic.write_json(state / "startup-error.json",
                               {"start_id": start_id, "owner": a.owner, "error": str(exc)})
             return 2
-        record = _startup_doc(a, start_id, time.monotonic() - t_start, log_path)
+        seconds = time.monotonic() - t_start
+        record = {**_startup_doc(a, start_id, seconds, log_path), "warm_up": warm_up(a.url)}
         atomic.write_json(state / "startup.json", record)
         with open(state / "starts.jsonl", "a") as fh:
             fh.write(json.dumps({"start_id": start_id, "at": record["started_at"],

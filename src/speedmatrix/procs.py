@@ -137,6 +137,16 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return exc.code, b""
 
 
+def http_post_json(url: str, body: dict, timeout: float = 5.0) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **_auth()})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+
+
 def _auth() -> dict[str, str]:
     from .client import auth_headers
 
