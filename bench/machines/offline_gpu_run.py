@@ -241,6 +241,10 @@ def results_dir(ns: argparse.Namespace) -> str:
 def wait(ns: argparse.Namespace) -> int:
     deadline = time.monotonic() + ns.max_s
     rc_file = Path(f"{WORK}/rc{ns.tag}")
+    if not Path(f"{WORK}/run{ns.tag}.log").exists():
+        # a machine handed back while idle comes back fresh, its /tmp empty: waiting would spend GPU time on nothing
+        print(f"no run here ({WORK}/run{ns.tag}.log is missing): a fresh machine? start the run again", file=sys.stderr)
+        return 2
     while time.monotonic() < deadline and not rc_file.exists():
         time.sleep(5)
     log = Path(f"{WORK}/run{ns.tag}.log").read_text(errors="replace")
