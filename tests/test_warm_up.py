@@ -22,7 +22,9 @@ def test_warm_up_sends_a_greedy_and_a_sampled_request():
     got, bodies = asyncio.run(go())
     assert got["status_codes"] == [200, 200] and "error" not in got
     assert [b["temperature"] for b in bodies] == [0.0, 0.7]
-    assert bodies[1]["top_p"] == 0.95 and bodies[1]["top_k"] == 20
+    assert bodies[1]["top_p"] == 0.95
+    # nothing a cell does not ask (vLLM 0.32 for the CPU with an MTP drafter dies on a top_k)
+    assert all(set(b) <= {"model", "prompt", "max_tokens", "temperature", "top_p"} for b in bodies)
     assert all(b["model"] == "ok" and b["max_tokens"] == 4 and not b.get("stream") for b in bodies)
 
 

@@ -113,9 +113,13 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Path,
 # vLLM 0.25.1 on CUDA compiles its top-k/top-p sampling kernel (Triton) at the first sampled batch, a stall of
 # seconds inside the first cell measured (docs/results/h200-tiny-trained-spec/). Before a server is declared up it
 # gets one short greedy and one short sampled completion, as `vllm bench serve` sends a test prompt before it
-# measures; every cell's counters are read after (deltas), and a two-token prompt fills no prefix-cache block.
-WARM_UP_REQUESTS = ({"temperature": 0.0}, {"temperature": 0.7, "top_p": 0.95, "top_k": 20})
+# measures; every cell's counters are read after (deltas), and no cell's prompt begins like the warm-up's (each
+# begins with its own nonce), so no cell finds its blocks cached. It asks only what cells ask: their sampling
+# (temperature, top_p; a top_k killed the engine of vLLM 0.32 for the CPU serving an MTP drafter) and a prompt of
+# some length (80 tokens of the tiny models; a two-token prompt killed the same server's worker).
+WARM_UP_REQUESTS = ({"temperature": 0.0}, {"temperature": 0.7, "top_p": 0.95})
 WARM_UP_TIMEOUT_S = 60.0
+WARM_UP_PROMPT = "def warm_up(server):\n    return server.answer(\"ready\")\n" * 4
 
 
 def warm_up(url: str) -> dict[str, Any]:
@@ -125,8 +129,9 @@ def warm_up(url: str) -> dict[str, Any]:
     try:
         _, listing = http_get(f"{url}/v1/models", timeout=5)
         model = json.loads(listing)["data"][0]["id"]
-        codes = [http_post_json(f"{url}/v1/completions", {"model": model, "prompt": "Hello", "max_tokens": 4, **s},
-                                timeout=WARM_UP_TIMEOUT_S)[0] for s in WARM_UP_REQUESTS]
+        body = {"model": model, "prompt": WARM_UP_PROMPT, "max_tokens": 4}
+        codes = [http_post_json(f"{url}/v1/completions", {**body, **s}, timeout=WARM_UP_TIMEOUT_S)[0]
+                 for s in WARM_UP_REQUESTS]
     except (urllib.error.URLError, OSError, ValueError, LookupError, TypeError) as exc:
         return {"seconds": round(time.monotonic() - t0, 3), "error": f"{type(exc).__name__}: {exc}"[:200]}
     return {"seconds": round(time.monotonic() - t0, 3), "status_codes": codes}
