@@ -73,6 +73,18 @@ def test_decode_figures_from_records():
     assert s["avg_active_requests"] == pytest.approx(1.0)
 
 
+def test_streams_delivered_whole_give_the_windows_rate_not_zero():
+    """A server that holds each stream and delivers it whole (vLLM for the CPU at times): 4 at once, each request's
+    128 tokens in one event at 1.5 s, the next four's after the window. The steady part (from the moment the first
+    four had a token) holds no token; the cell's rate is the whole window's, not 0."""
+    first = [rec(i, 0.0, [1.5], tokens=[128]) for i in range(4)]
+    later = [rec(4 + i, 1.5, [3.2], tokens=[128]) for i in range(4)]
+    s = stats.decode(first + later, duration_s=3.0, concurrency=4)
+    assert s["total_output_tokens"] == 512
+    assert s["output_throughput"] == pytest.approx(512 / 3.0) == s["output_throughput_window"]
+    assert s["steady_fraction"] == 0
+
+
 def test_multi_token_chunks_share_their_gap():
     r = rec(0, 0.0, [0.1, 0.13, 0.16], tokens=[1, 3, 3])
     s = stats.decode([r], duration_s=1.0)

@@ -128,12 +128,16 @@ def decode(records: list[RequestRecord], duration_s: float, concurrency: int | N
     ``concurrency`` requests all have their first token (the ramp-up, when requests are still in
     prefill, is left out) to the window's end; ``steady_fraction`` is its share of the window.
     ``output_throughput_window`` is the whole window's figure. Without a steady part both are the
-    whole window's and ``steady_fraction`` is 0."""
+    whole window's and ``steady_fraction`` is 0: no moment inside the window when the first requests all
+    had a token, or no token after it while the window had some (a server that delivered each stream whole:
+    the first token came with the rest, so nothing was left to arrive in the steady part)."""
     window_tokens = sum(n for r in records for t, n in zip(r.chunk_times, r.chunk_tokens) if t <= duration_s)
     t_s = steady_start(records, concurrency or 1)
     steady_s = duration_s - t_s if t_s is not None and t_s < duration_s else 0.0
     steady_tokens = sum(n for r in records for t, n in zip(r.chunk_times, r.chunk_tokens)
                         if t_s is not None and t_s < t <= duration_s)
+    if steady_tokens == 0 and window_tokens > 0:
+        steady_s = 0.0
     completed = [r for r in records if r.finish_reason and not r.error and (r.end or 0) <= duration_s + 1e-6]
     failed = [r for r in records if r.error]
     ttfts = [r.first_token - r.start for r in records if r.first_token is not None]
