@@ -9,14 +9,16 @@ import asyncio
 from aiohttp.test_utils import TestServer
 
 from fault_server import BODIES, app
-from speedmatrix import broker
+from speedmatrix import broker, procs
 
 
 def test_warm_up_sends_a_greedy_and_a_sampled_request():
     async def go():
         a = app()
         async with TestServer(a) as srv:
-            got = await asyncio.to_thread(broker.warm_up, str(srv.make_url("")).rstrip("/"))
+            url = str(srv.make_url("")).rstrip("/")
+            listing = (await asyncio.to_thread(procs.http_get, f"{url}/v1/models"))[1]
+            got = await asyncio.to_thread(broker.warm_up, url, broker.served_model(listing))
         return got, a[BODIES]
 
     got, bodies = asyncio.run(go())
@@ -29,5 +31,5 @@ def test_warm_up_sends_a_greedy_and_a_sampled_request():
 
 
 def test_warm_up_failure_is_recorded_not_raised():
-    got = broker.warm_up("http://127.0.0.1:9")  # nothing listens there
+    got = broker.warm_up("http://127.0.0.1:9", "ok")  # nothing listens there
     assert "error" in got and "status_codes" not in got and got["seconds"] >= 0

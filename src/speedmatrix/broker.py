@@ -85,9 +85,10 @@ def complaint(path: Path) -> str:
 
 
 def wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Path,
-                abort: Callable[[], str | None] = lambda: None) -> None:
-    """Until the server answers; ``abort`` says why to give up early (a stop signal, the owner gone: a
-    workflow interrupted during a start-up does not wait for the start-up to finish)."""
+                abort: Callable[[], str | None] = lambda: None) -> str | None:
+    """Until the server answers; returns the model name it serves (its /v1/models listing's first, None if the
+    listing names none). ``abort`` says why to give up early (a stop signal, the owner gone: a workflow
+    interrupted during a start-up does not wait for the start-up to finish)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         why = abort()
@@ -99,9 +100,9 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Path,
         try:
             code, _ = http_get(f"{url}/health", timeout=2)
             if code == 200:
-                code, _ = http_get(f"{url}/v1/models", timeout=5)
+                code, listing = http_get(f"{url}/v1/models", timeout=5)
                 if code == 200:
-                    return
+                    return served_model(listing)
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(POLL_S)
@@ -109,30 +110,33 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Path,
                        f"{complaint(log)} (its log: {log})")
 
 
-# What a server compiles on its first requests, after its own start-up warm-up, is not the first cell's to pay:
-# vLLM 0.25.1 on CUDA compiles its top-k/top-p sampling kernel (Triton) at the first sampled batch, a stall of
-# seconds inside the first cell measured (docs/results/h200-tiny-trained-spec/). Before a server is declared up it
-# gets one short greedy and one short sampled completion, as `vllm bench serve` sends a test prompt before it
-# measures; every cell's counters are read after (deltas), and no cell's prompt begins like the warm-up's (each
-# begins with its own nonce), so no cell finds its blocks cached. It asks only what cells ask: their sampling
-# (temperature, top_p; a top_k killed the engine of vLLM 0.32 for the CPU serving an MTP drafter) and a prompt of
-# some length (80 tokens of the tiny models; a two-token prompt killed the same server's worker).
+def served_model(listing: bytes) -> str | None:
+    """The first model a /v1/models answer names."""
+    try:
+        return json.loads(listing)["data"][0]["id"]
+    except (ValueError, LookupError, TypeError):
+        return None
+
+
+# Before a server is declared up it gets one greedy and one sampled completion, asking only what cells ask (their
+# sampling, a prompt of some length): what vLLM compiles on its first sampled batch is not the first cell's to pay.
+# Why, and what broke with a top_k or a two-token prompt: docs/decisions/0018-server-warm-up.md.
 WARM_UP_REQUESTS = ({"temperature": 0.0}, {"temperature": 0.7, "top_p": 0.95})
 WARM_UP_TIMEOUT_S = 60.0
 WARM_UP_PROMPT = "def warm_up(server):\n    return server.answer(\"ready\")\n" * 4
 
 
-def warm_up(url: str) -> dict[str, Any]:
+def warm_up(url: str, model: str | None) -> dict[str, Any]:
     """The warm-up requests' outcome for ``startup.json``: seconds and HTTP codes, or why it could not (a server
     that refuses them still serves the cells; the cells say how it answers)."""
     t0 = time.monotonic()
+    if model is None:
+        return {"seconds": 0.0, "error": "the server's /v1/models names no model"}
     try:
-        _, listing = http_get(f"{url}/v1/models", timeout=5)
-        model = json.loads(listing)["data"][0]["id"]
         body = {"model": model, "prompt": WARM_UP_PROMPT, "max_tokens": 4}
         codes = [http_post_json(f"{url}/v1/completions", {**body, **s}, timeout=WARM_UP_TIMEOUT_S)[0]
                  for s in WARM_UP_REQUESTS]
-    except (urllib.error.URLError, OSError, ValueError, LookupError, TypeError) as exc:
+    except (urllib.error.URLError, OSError) as exc:
         return {"seconds": round(time.monotonic() - t0, 3), "error": f"{type(exc).__name__}: {exc}"[:200]}
     return {"seconds": round(time.monotonic() - t0, 3), "status_codes": codes}
 
@@ -276,14 +280,15 @@ def run_broker(a: BrokerArgs) -> int:
     atomic.write_json(state / "broker.starting.json", live)
     try:
         try:
-            wait_ready(proc, a.url, a.startup_timeout_s, log_path,
-                       abort=lambda: stop["reason"] or (None if owner_alive(a.owner) else f"owner {a.owner} is gone"))
+            model = wait_ready(
+                proc, a.url, a.startup_timeout_s, log_path,
+                abort=lambda: stop["reason"] or (None if owner_alive(a.owner) else f"owner {a.owner} is gone"))
         except (RuntimeError, TimeoutError) as exc:
             atomic.write_json(state / "startup-error.json",
                               {"start_id": start_id, "owner": a.owner, "error": str(exc)})
             return 2
-        seconds = time.monotonic() - t_start
-        record = {**_startup_doc(a, start_id, seconds, log_path), "warm_up": warm_up(a.url)}
+        record = _startup_doc(a, start_id, time.monotonic() - t_start, log_path)
+        record["warm_up"] = warm_up(a.url, model)
         atomic.write_json(state / "startup.json", record)
         with open(state / "starts.jsonl", "a") as fh:
             fh.write(json.dumps({"start_id": start_id, "at": record["started_at"],

@@ -129,17 +129,16 @@ def free_port(host: str) -> int:
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, headers={k: v for k, v in _auth().items()})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, b""
+    return _fetch(urllib.request.Request(url, headers=_auth()), timeout)
 
 
 def http_post_json(url: str, body: dict, timeout: float = 5.0) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", **_auth()})
+    return _fetch(urllib.request.Request(url, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json", **_auth()}), timeout)
+
+
+def _fetch(req: urllib.request.Request, timeout: float) -> tuple[int, bytes]:
+    """(status, body) of one request with the server's key; an HTTP error is its code and no body."""
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read()
