@@ -166,7 +166,9 @@ def unpack() -> None:
 def start(ns: argparse.Namespace) -> int:
     unpack()
     until = ["--until", *ns.until] if ns.until else []
-    cmd = [sys.executable, "-m", "snakemake", "--profile", "profiles/default", *until, "--config",
+    # targets before --config (which takes every word after it)
+    targets = [f"{results_dir(ns)}/{ns.experiment}/{t}" for t in ns.target]
+    cmd = [sys.executable, "-m", "snakemake", "--profile", "profiles/default", *targets, *until, "--config",
            f"experiment={ns.experiment}", f"results_dir={results_dir(ns)}", f"models_dir={WORK}/models", *ns.set]
     log = open(f"{WORK}/run{ns.tag}.log", "ab")
     subprocess.run([sys.executable, "-c", "import vllm, snakemake, altair, msgspec; print('vllm', vllm.__version__)"],
@@ -249,7 +251,7 @@ def wait(ns: argparse.Namespace) -> int:
         time.sleep(5)
     log = Path(f"{WORK}/run{ns.tag}.log").read_text(errors="replace")
     print(log[-6000:])
-    if not rc_file.exists():
+    if not rc_file.exists() and not ns.partial:
         print(f"still running after {ns.max_s} s: call wait again")
         return 0
     out = Path(os.environ.get("OUT", "/tmp/out"))
@@ -260,7 +262,8 @@ def wait(ns: argparse.Namespace) -> int:
     shutil.copy(f"{WORK}/run{ns.tag}.log", out / f"run{ns.tag}.log")
     subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv"],
                    stdout=open(out / "nvidia-smi.csv", "w"))
-    print(f"workflow exit {rc_file.read_text().strip()}; packed {out / f'results{ns.tag}.tar.gz'}")
+    state = f"workflow exit {rc_file.read_text().strip()}" if rc_file.exists() else "still running: packed what it has"
+    print(f"{state}; packed {out / f'results{ns.tag}.tar.gz'}")
     return 0
 
 
@@ -352,11 +355,16 @@ def main() -> int:
     s.add_argument("--cpus", help="keep the workflow, its servers and clients on these cores (e.g. 0-11): two "
                                   "runs side by side on one host without sharing cores")
     s.add_argument("--delay-s", type=float, default=0, help="start the workflow this many seconds later")
+    s.add_argument("--target", action="append", default=[], metavar="PATH",
+                   help="only this output (and what it needs), relative to the experiment's results folder, e.g. "
+                        "cells/mtp3/decode-ctx128-c1-temp0.7.json; repeatable")
     s.set_defaults(func=start)
     w = sub.add_parser("wait")
     w.add_argument("experiment")
     w.add_argument("--tag", default="")
     w.add_argument("--max-s", type=float, default=540)
+    w.add_argument("--partial", action="store_true",
+                   help="pack what the run has after --max-s even if it is still running (the last call of a lease)")
     w.set_defaults(func=wait)
     ag = sub.add_parser("agree")
     ag.add_argument("--layers", type=int, default=6)
