@@ -29,8 +29,26 @@ def test_wall_time_splits_into_start_ups_windows_and_the_rest(tmp_path):
     assert got["wall_s"] == 114 and got["cells"] == 2 and got["server_starts"] == 1
     parts = list(got["parts_s"].values())
     # start-ups 40, windows 40, cell jobs 100 s (70 + 30) less both, other jobs alone 2 + 5, gaps 3 + 5 - 0
-    assert parts == [40.0, 40.0, 20.0, 7.0, 8.0] and sum(parts) == got["wall_s"] + 1
+    assert parts == [40.0, 40.0, 20.0, 0.0, 7.0, 8.0] and sum(parts) == got["wall_s"] + 1
     assert got["overhead_s"] == 34 and round(got["overhead_fraction"], 3) == 0.298
+
+
+def test_reference_rounds_are_measurement_not_overhead(tmp_path):
+    """The reference rule's rounds (other clients on the same server) are their own part, outside the overhead."""
+    run = tmp_path / "run"
+    write_log(run / "logs/cells/tp1/capacity-c1.log", "10:00:00", "10:01:39")  # 100 s: 60 start-up, 30 window
+    write_log(run / "logs/reference/tp1/capacity-c1.log", "10:01:40", "10:03:19")  # 100 s of other clients
+    write_log(run / "logs/report.log", "10:03:20", "10:03:24")
+    (run / "servers/tp1").mkdir(parents=True)
+    (run / "servers/tp1/starts.jsonl").write_text(json.dumps({"startup_seconds": 60.0}) + "\n")
+    (run / "cells/tp1").mkdir(parents=True)
+    (run / "cells/tp1/capacity-c1.json").write_text(json.dumps({"result": {"measured_s": 30.0}}))
+    got = overhead.analyse(run)
+    assert got["wall_s"] == 204 and got["reference_s"] == 100.0
+    assert list(got["parts_s"].values()) == [60.0, 30.0, 10.0, 100.0, 5.0, 0.0]
+    # wall 204 less start-up 60, window 30 and the reference rounds' 100 s: the cell job's other 10 s and the
+    # report's 5, with a second of stamp resolution
+    assert got["overhead_s"] == 14.0
 
 
 def test_a_folder_without_logs_is_refused(tmp_path, capsys):

@@ -64,3 +64,12 @@ def test_spec_sweep_keeps_an_unstable_point():
     d = charts.spec_data(m)
     assert sorted(d["spec_tokens"]) == [0, 2, 4]
     assert set(d["cell_id"]) == {"decode-ctx1024-c1"}
+
+
+def test_a_trained_model_is_named_as_trained_not_synthesized():
+    weights = "trained (speedmatrix.training: its recipe, corpus and loss in training.json)"
+    lock = {"models": {"tiny": {"source": "trained", "trained": "tiny-gemma4-trained", "weights": weights,
+                                "files": {"config.json": "c9", "model.safetensors": "d9"}}}}
+    text = report.render(pd.DataFrame([row()]), [], {}, {}, "cpu", models_lock=lock)
+    assert "model `tiny`: trained (speedmatrix.training: its recipe, corpus and loss in training.json), 2 files" in text
+    assert "synthesized `None`" not in text

@@ -8,8 +8,9 @@ day, ``[HH:MM:SS]``), ``servers/<id>/starts.jsonl`` (each start's ``startup_seco
 cell's warm pass only, a search's every step; prefill cells record none, so their requests count as overhead).
 Wall time is the first log line to the last (one-second resolution; a run past midnight is unwrapped). Inside
 the cell jobs, the time outside server start-ups and windows is prompt preparation, waits for the server to
-drain, counters and writing; outside the cell jobs, the pin, models, loop verdicts, aggregation and report
-jobs; what no job's log covers is the scheduler's own time and the idle gaps between jobs.
+drain, counters and writing; outside the cell jobs, the reference rounds (other clients measuring the same
+cells: a check the experiment asked for, not the pipeline's overhead) and the pin, models, loop verdicts,
+aggregation and report jobs; what no job's log covers is the scheduler's own time and the idle gaps between jobs.
 """
 
 from __future__ import annotations
@@ -102,8 +103,12 @@ def analyse(run: Path) -> dict:
     busy_s = _union(busy) if busy and not unknown else None
     # jobs can overlap (several loop verdicts at once; on a cluster, cells of other configs): count time once
     cell_jobs = float(covered([v for k, v in axis.items() if k.startswith("cells/")]))
+    # the reference rule's rounds measure too (speedmatrix and other clients on the same server): time a
+    # reference job ran while no cell job did is theirs, not overhead
+    measuring = float(covered([v for k, v in axis.items() if k.startswith(("cells/", "reference/"))]))
+    reference = measuring - cell_jobs
     any_job = float(covered(list(axis.values())))
-    other_jobs = any_job - cell_jobs  # time some other job ran while no cell job did
+    other_jobs = any_job - measuring  # time some other job ran while nothing measured
     startup_s = float(sum(startups))
     in_cells = max(0.0, cell_jobs - windows - startup_s)  # a server starts inside the first cell job that needs it
     rest = max(0.0, wall + 1 - any_job)
@@ -111,10 +116,11 @@ def analyse(run: Path) -> dict:
         "server start-ups": startup_s,
         "measurement windows": windows,
         "cell jobs outside windows and start-ups (prompts, drain waits, counters, writing)": in_cells,
-        "other jobs while no cell measured (pin, models, loops, aggregate, report, gates, reference)": other_jobs,
+        "reference rounds while no cell measured (other clients on the same server)": reference,
+        "other jobs while nothing measured (pin, models, loops, aggregate, report, gates)": other_jobs,
         "between jobs (scheduler, idle)": rest,
     }
-    overhead = wall - (busy_s if busy_s is not None else startup_s + windows)
+    overhead = wall - (busy_s if busy_s is not None else startup_s + windows) - reference
     return {
         "run": str(run),
         "started": (datetime(2000, 1, 1) + timedelta(seconds=start)).strftime("%H:%M:%S"),
@@ -125,6 +131,7 @@ def analyse(run: Path) -> dict:
         # the union of start-ups and windows (None where a start or window has no time stamp)
         "busy_s": busy_s,
         "side_by_side_s": (startup_s + windows - busy_s) if busy_s is not None else None,
+        "reference_s": reference,
         "overhead_s": overhead,
         "overhead_fraction": overhead / wall if wall else None,
         "note": "one-second log stamps: each part is good to about a second a job",
@@ -140,6 +147,6 @@ def text(got: dict) -> str:
         out.append(f"  {secs:8.1f} s  {share:5.1f} %  {name}")
     if (got["side_by_side_s"] or 0) > 0.5:
         out.append(f"  start-ups and windows side by side (counted once below): {got['side_by_side_s']:.1f} s")
-    out.append(f"overhead (wall - start-ups - windows): {got['overhead_s']:.1f} s, "
+    out.append(f"overhead (wall - start-ups - windows - reference rounds): {got['overhead_s']:.1f} s, "
                f"{(got['overhead_fraction'] or 0) * 100:.1f} % of wall")
     return "\n".join(out)

@@ -22,7 +22,10 @@ class GuideLLM(Peer):
              "and skip_special_tokens false in the body); its first token is the first event with text; asks the "
              "server for usage on every chunk (continuous_usage_stats) and counts tokens from it; its output tok/s "
              "here is its total output tokens over its benchmark's duration; its inter-token latency is per "
-             "request, our TPOT")
+             "request, our TPOT; its median is the lower of the two middle values (the smallest value with half "
+             "the requests at or below it), ours their mean: where requests' first tokens come in prefill waves "
+             "(many at once) the two middle ones can fall in different waves and the medians then differ by up "
+             "to half the gap between waves")
 
     def argv(self, python: list[str], load: Load, work: Path, api_key: str | None) -> list[str]:
         scenario = {"spec": {

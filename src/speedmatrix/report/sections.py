@@ -475,6 +475,8 @@ def runtime_lines(lock: dict[str, Any], models_lock: dict[str, Any] | None) -> l
         if m.get("source") == "huggingface":
             pin = "" if m.get("pinned") else f" (from `{m.get('revision_requested')}`)"
             out.append(f"model `{name}`: {m['repo']} at commit `{m['revision']}`{pin}, {len(m['files'])} files")
+        elif m.get("source") == "trained":
+            out.append(f"model `{name}`: {m.get('weights', 'trained')}, {len(m.get('files') or {})} files")
         else:
             out.append(f"model `{name}`: synthesized `{m.get('preset')}` ({m.get('weights', 'random weights')})")
     return out
