@@ -93,6 +93,28 @@ def test_agreement_summary_and_a_failed_client_in_the_report():
     assert sections.reference_notes([doc]) == ["aiperf failed: aiperf failed (1): Failed to load tokenizer"]
 
 
+def test_a_round_short_of_its_requests_is_kept_but_not_compared():
+    """A client round that ended after 4 of the 8 requests asked (seen once from GuideLLM on the CPU server)
+    measured another load: its figures stay in the document, out of the medians, and the round counts failed."""
+    from speedmatrix.reference import short_round
+
+    whole = {"completed": 8, "output_throughput": 300.0, "median_ttft_ms": 50.0}
+    short = {"completed": 4, "output_throughput": 900.0, "median_ttft_ms": 20.0}
+    assert short_round(whole, 8) is None and short_round({"completed": None}, 8) is None
+    reason = short_round(short, 8)
+    assert reason == "completed 4 of the 8 requests asked: kept in the document, left out of the agreement"
+    runs = {"speedmatrix": [dict(whole)], "guidellm": [dict(whole), {**short, "error": reason}]}
+    s = peers.summarize(runs)
+    assert s["medians"]["guidellm"]["output_throughput"] == 300.0
+    assert s["spread"]["guidellm"]["median_ttft_ms"] == [50.0, 50.0]
+    assert s["difference_pct"]["guidellm"]["output_throughput"] == 0.0
+    doc = {"server_id": "tp1", "cell": {"cell_id": "capacity-ctx256-c4"}, "clients": list(runs), "runs": runs,
+           **s, "notes": {}, "failed": {"guidellm": reason}}
+    text = "\n".join(" | ".join(row) for row in sections.reference_table([doc]).rows)
+    assert "guidellm | 1 (+1 failed)" in text
+    assert sections.reference_notes([doc]) == [f"guidellm failed: {reason}"]
+
+
 def test_a_client_that_cannot_run_is_refused_with_the_key_and_what_to_do(tmp_path):
     found = peers.problems(["nosuch", "aiperf"], {"python": {"aiperf": str(tmp_path / "none" / "python")}}, "X.yaml")
     assert found[0].startswith("X.yaml: key 'reference.clients': unknown client 'nosuch'")

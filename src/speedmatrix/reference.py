@@ -74,6 +74,15 @@ def _ours(result: dict[str, Any]) -> dict[str, Any]:
     return {k: result.get(k) for k in peers.FIELDS}
 
 
+def short_round(row: dict[str, Any], asked: int | None) -> str | None:
+    """Why a round that ran to its end is still not compared: it completed fewer requests than asked (a client
+    that stopped early measured another load: its tok/s and latencies are not the cell's). None when whole."""
+    done = row.get("completed")
+    if row.get("error") or done is None or asked is None or done >= asked:
+        return None
+    return f"completed {done:g} of the {asked} requests asked: kept in the document, left out of the agreement"
+
+
 def compare(cell: cells.Cell, url: str, model: str, tokenizer: str, client_cfg: ClientSettings, names: list[str],
             settings: dict[str, Any], rounds: int, api_key: str | None = None, loop_cfg: dict[str, Any] | None = None,
             server_env: dict[str, str] | None = None, kv_tokens: int | None = None,
@@ -103,6 +112,9 @@ def compare(cell: cells.Cell, url: str, model: str, tokenizer: str, client_cfg: 
                         row = peers.run(table[who], load, peers.python_for(who, settings), Path(tmp), api_key)
                     except RuntimeError as exc:  # one client failing costs its own rounds, not the others'
                         row = {"error": str(exc)[-1500:], "client_cpu_s": None, "process_wall_s": None}
+            short = short_round(row, cell.kind.reference_load(cell).get("requests"))
+            if short:
+                row["error"] = short
             row["round"] = k
             runs[who].append(row)
             progress(f"round {k + 1}/{rounds} {who} failed: {row['error'][-300:]}" if "error" in row else

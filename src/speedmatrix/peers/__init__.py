@@ -98,13 +98,19 @@ def run(peer: Peer, load: Load, python: list[str], work: Path, api_key: str | No
 
 # ---- agreement: medians, spreads, differences --------------------------------------------------
 
+def _values(rounds: list[dict[str, Any]], key: str) -> list[float]:
+    """A figure of each round that counts: a round with an error (a failed client, or one that completed fewer
+    requests than asked) keeps its figures in the document but stays out of medians and spreads."""
+    return [r[key] for r in rounds if r.get(key) is not None and not r.get("error")]
+
+
 def _median(rounds: list[dict[str, Any]], key: str) -> float | None:
-    vals = [r[key] for r in rounds if r.get(key) is not None]
+    vals = _values(rounds, key)
     return statistics.median(vals) if vals else None
 
 
 def _spread(rounds: list[dict[str, Any]], key: str) -> list[float] | None:
-    vals = [r[key] for r in rounds if r.get(key) is not None]
+    vals = _values(rounds, key)
     return [min(vals), max(vals)] if vals else None
 
 
