@@ -86,13 +86,13 @@ def wait_no_containers(experiment_name: str, timeout_s: float = 60, engine: str 
 # --------------------------------------------------------------------------- the whole DAG in containers
 
 
-def kill_container_vllm(container: str) -> None:
-    """SIGKILL the API server of a container: the child of its init (docker run --init)."""
+def container_vllm_pid(container: str) -> int:
+    """The host PID of a container's API server: the child of its init (docker run --init)."""
     init = subprocess.run(["docker", "inspect", "--format", "{{.State.Pid}}", container],
                           capture_output=True, text=True, check=True).stdout.strip()
     children = Path(f"/proc/{init}/task/{init}/children").read_text().split()
     assert children, "the container's init has no child"
-    os.kill(int(children[0]), signal.SIGKILL)
+    return int(children[0])
 
 
 @pytest.fixture(scope="module")
@@ -108,10 +108,14 @@ def docker_run(tmp_path_factory):
     proc = subprocess.Popen(snakemake_cmd(work, experiment="tiny-cpu-docker", experiments_dir=exp_dir), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        victim = wait_for(lambda: running_decode_cell(res, 1, "mtp2"), 900, "a second mtp2 cell to measure")
+        # the server's PID is looked up once it has measured a cell, before the victim starts: a `docker
+        # inspect` on two busy cores can take longer than a 3 s window (a CI run's kill landed after it ended)
+        wait_for(lambda: list(res.glob("cells/mtp2/*.json")), 900, "mtp2's first cell")
+        pid = container_vllm_pid("speedmatrix-tiny-cpu-docker-mtp2")
+        victim = wait_for(lambda: running_decode_cell(res, 2, "mtp2"), 900, "a third mtp2 cell to measure")
         finished = {p: p.read_bytes() for p in res.glob("cells/mtp2/*")}
-        time.sleep(1.0)
-        kill_container_vllm("speedmatrix-tiny-cpu-docker-mtp2")
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)
         out, _ = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:
