@@ -93,6 +93,7 @@ def compare(cell: cells.Cell, url: str, model: str, tokenizer: str, client_cfg: 
         tokenizer = str(Path(tokenizer).resolve())
     order = [peers.OURS, *names]
     runs: dict[str, list[dict[str, Any]]] = {who: [] for who in order}
+    asked = cell.kind.reference_load(cell)  # what every client is asked, the same each round
     for k in range(rounds):
         for who in order[k % len(order):] + order[:k % len(order)]:
             seed = int(time.time() * 1000) % 2**31
@@ -104,7 +105,7 @@ def compare(cell: cells.Cell, url: str, model: str, tokenizer: str, client_cfg: 
                 row = {**_ours(result), "process_wall_s": round(time.perf_counter() - t0, 3),
                        "client_cpu_s": round(time.process_time() - cpu0, 3)}
             else:
-                load = peers.Load(**{"concurrency": 0, **cell.kind.reference_load(cell)}, url=url, model=model,
+                load = peers.Load(**{"concurrency": 0, **asked}, url=url, model=model,
                                   tokenizer=tokenizer, context=cell.context_tokens, max_tokens=cell.max_tokens,
                                   seed=seed, sampling=cell.sampling_params)
                 with tempfile.TemporaryDirectory(prefix=f"{who}-") as tmp:
@@ -112,7 +113,7 @@ def compare(cell: cells.Cell, url: str, model: str, tokenizer: str, client_cfg: 
                         row = peers.run(table[who], load, peers.python_for(who, settings), Path(tmp), api_key)
                     except RuntimeError as exc:  # one client failing costs its own rounds, not the others'
                         row = {"error": str(exc)[-1500:], "client_cpu_s": None, "process_wall_s": None}
-            short = short_round(row, cell.kind.reference_load(cell).get("requests"))
+            short = short_round(row, asked.get("requests"))
             if short:
                 row["error"] = short
             row["round"] = k
