@@ -34,13 +34,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from speedmatrix.procs import free_port  # noqa: E402
+from speedmatrix.serve.procs import free_port  # noqa: E402
 
 PROMPT = [1] * 16
 
 
 async def _ours(url: str, concurrency: int, requests: int, tokens: int) -> tuple[float, list, list, int]:
-    from speedmatrix import client
+    from speedmatrix.measure import client
 
     # per-event usage off: the same request vllm bench serve sends (the streamer then sends what vLLM would)
     opts = client.RequestOptions(max_tokens=tokens, ignore_eos=True, usage_per_chunk=False)

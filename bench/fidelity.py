@@ -36,8 +36,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from speedmatrix import experiment, metrics, peers, runtimes  # noqa: E402
-from speedmatrix.procs import end_group, free_port, group_members  # noqa: E402
+from speedmatrix import peers  # noqa: E402
+from speedmatrix.measure import metrics  # noqa: E402
+from speedmatrix.plan import experiment  # noqa: E402
+from speedmatrix.serve import runtimes  # noqa: E402
+from speedmatrix.serve.procs import end_group, free_port, group_members  # noqa: E402
 
 # (input tokens, output tokens, requests, concurrency)
 SHAPES = [(256, 128, 128, 8), (1024, 64, 24, 1), (128, 128, 256, 32)]

@@ -11,7 +11,7 @@ another, in a fresh process per setting, alternating the settings over the
 rounds; its CPU time (user + system, ``time.process_time``) over the
 requests is the figure, with the watch's own CPU time inside it measured
 where it is spent (around its calls from the read loop). The watch is the
-same code the cells run (``speedmatrix.loops.OnlineWatch``).
+same code the cells run (``speedmatrix.measure.loops.OnlineWatch``).
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from client_overhead import _start_streamer  # noqa: E402
 
-from speedmatrix.procs import free_port  # noqa: E402
+from speedmatrix.serve.procs import free_port  # noqa: E402
 
 TOKENS = 4096
 
 
 async def _paired(url: str, requests: int, rounds: int) -> dict:
     """Both settings in one process, alternating batches: the process-to-process spread cancels out."""
-    from speedmatrix import client
+    from speedmatrix.measure import client
 
     cpu = {"on": 0.0, "off": 0.0}
     for k in range(rounds):
@@ -54,7 +54,7 @@ async def _paired(url: str, requests: int, rounds: int) -> dict:
 
 
 async def _run(url: str, requests: int, watch: bool) -> dict:
-    from speedmatrix import client, loops
+    from speedmatrix.measure import client, loops
 
     # the watch's own CPU time, measured where it is spent (its update calls from the read loop)
     spent = [0.0]

@@ -4,10 +4,10 @@
     .venv/bin/python bench/trained_loops.py [--prompts 24] [--tokens 256] [--out bench/results/trained_loops.json]
 
 Prompts as the cells cut them: ``--prompts`` windows of 128 tokens from the package's prose and code corpora
-(speedmatrix.corpus), tokenized by the shipped pair's tokenizer. For each decoding setting (greedy; sampling
+(speedmatrix.measure.corpus), tokenized by the shipped pair's tokenizer. For each decoding setting (greedy; sampling
 at temperatures 0.7 and 1.0 with top_p 0.95, seed = the prompt's index) the shipped target generates
 ``--tokens`` tokens with transformers (fp32, no EOS stop, as the cells' ``ignore_eos`` runs). The loop
-detector the loop stage uses (speedmatrix.loops.detect) judges each text, with its default thresholds and
+detector the loop stage uses (speedmatrix.measure.loops.detect) judges each text, with its default thresholds and
 with SHORT ones sized for a few hundred tokens; the token-level test (loops.detect_tokens) finds a periodic
 tail of 4+ repeats covering 32+ tokens, with its onset. No vLLM: the model's own behaviour.
 """
@@ -25,7 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from speedmatrix import corpus, loops, training  # noqa: E402
+from speedmatrix.measure import corpus, loops  # noqa: E402
+from speedmatrix.provision import training  # noqa: E402
 
 SETTINGS = [("greedy", {}), ("t0.7", {"temperature": 0.7, "top_p": 0.95}),
             ("t1.0", {"temperature": 1.0, "top_p": 0.95})]

@@ -1,7 +1,7 @@
 # One rule per workload kind, from the registry (speedmatrix.workloads):
 # `snakemake --list-rules` and the job counts show each kind, and a cluster
 # profile can give a kind its own limits (--set-resources decode:...). All of
-# them run the same code path, speedmatrix.cells.run, as `speedmatrix measure`
+# them run the same code path, speedmatrix.jobs.cells.run, as `speedmatrix measure`
 # does by hand.
 for kind in WORKLOADS:
 

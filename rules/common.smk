@@ -4,14 +4,14 @@ from pathlib import Path
 
 from snakemake_interface_executor_plugins.settings import ExecMode
 
-from speedmatrix import broker as sm_broker
-from speedmatrix import charts as sm_charts
-from speedmatrix import experiment as sm_experiment
-from speedmatrix import pool as sm_pool
-from speedmatrix import preflight as sm_preflight
-from speedmatrix import procs as sm_procs
-from speedmatrix import runtimes as sm_runtimes
-from speedmatrix import summary as sm_summary
+from speedmatrix.serve import broker as sm_broker
+from speedmatrix.report import charts as sm_charts
+from speedmatrix.plan import experiment as sm_experiment
+from speedmatrix.serve import pool as sm_pool
+from speedmatrix.jobs import preflight as sm_preflight
+from speedmatrix.serve import procs as sm_procs
+from speedmatrix.serve import runtimes as sm_runtimes
+from speedmatrix.jobs import summary as sm_summary
 from speedmatrix import workloads as sm_workloads
 
 try:
@@ -29,7 +29,7 @@ CELLS = EXP.cells()
 PACKAGES_SHA256 = sm_runtimes.packages_digest()
 IDLE_TIMEOUT_S = float(config.get("server_idle_timeout_s", 900))
 # The node's GPU pool (config `gpus`, else NVML's count on a GPU runtime; none on the
-# CPU): configs on disjoint GPUs measure side by side (speedmatrix.pool, docs/gpu.md).
+# CPU): configs on disjoint GPUs measure side by side (speedmatrix.serve.pool, docs/gpu.md).
 # Snakemake's `device` resource has one unit per GPU of the pool (1 without a pool)
 # unless the profile or --resources set it; one mutex per config keeps a config's
 # jobs one at a time.
@@ -79,7 +79,7 @@ wildcard_constraints:
 
 def results_root(wildcards):
     # the results root (config results_dir): the device lock and the registry of
-    # running servers live there (speedmatrix.job.JobContext)
+    # running servers live there (speedmatrix.jobs.job.JobContext)
     return config["results_dir"]
 
 
@@ -261,7 +261,7 @@ def job_threads(wildcards):
 
 def placement_of(kind):
     # the node's GPU pool, this config's share and whether a job of this kind may
-    # measure beside others (speedmatrix.pool)
+    # measure beside others (speedmatrix.serve.pool)
     def placement(wildcards):
         return sm_pool.placement(EXP, wildcards.server_id, kind, GPU_POOL).as_dict()
 

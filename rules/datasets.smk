@@ -1,4 +1,4 @@
-# The experiment's datasets (speedmatrix.datasets), each loaded once and pinned: source,
+# The experiment's datasets (speedmatrix.measure.datasets), each loaded once and pinned: source,
 # revision, record count and the SHA-256 of its file or rows. Every cell that uses one
 # records the same entry in its provenance.
 rule datasets_lock:

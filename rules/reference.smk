@@ -1,6 +1,6 @@
 # Agreement with vLLM's own client (`vllm bench serve`): the cells named under
 # `reference:` are measured again on the same server by both clients, in
-# alternation (speedmatrix.reference).
+# alternation (speedmatrix.jobs.reference).
 rule reference:
     input:
         launch=f"{RESULTS}/servers/{{server_id}}/launch.json",

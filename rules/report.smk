@@ -1,6 +1,6 @@
 # The report: report.md, a self-contained report.html (interactive charts, the
 # Vega code inlined: it opens offline) and the PNG of every chart the
-# experiment can have data for (speedmatrix.charts.applicable); a chart that
+# experiment can have data for (speedmatrix.report.charts.applicable); a chart that
 # finds no rows is a placeholder PNG, left out of both reports. Each chart's
 # caption (report.html and `snakemake --report`) is docs/captions/<name>.rst.
 rule report:

@@ -1,5 +1,5 @@
 # Tensor parallelism above 1: CUDA peer access and NCCL's P2P use are checked
-# before the server config's launch (speedmatrix.p2p); a config on one GPU or
+# before the server config's launch (speedmatrix.serve.p2p); a config on one GPU or
 # the CPU has no such job (rules/common.smk, P2P_SERVER_IDS).
 # The launch spec of a server config: the exact argv, environment and model
 # hashes. The server itself is brought up by the first cell that needs it

@@ -29,7 +29,7 @@ def vllm_processes() -> list[str]:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if comm.startswith("VLLM") or "VLLM::" in cmd or "vllm.entrypoints" in cmd or "speedmatrix.broker" in cmd:
+        if comm.startswith("VLLM") or "VLLM::" in cmd or "vllm.entrypoints" in cmd or "speedmatrix.serve.broker" in cmd:
             found.append(f"{d.name} {comm} {cmd[:120]}")
     return found
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from speedmatrix import charts, workloads
+from speedmatrix import workloads
+from speedmatrix.report import charts
 
 PACKAGE = REPO / "src" / "speedmatrix"
 
@@ -52,7 +53,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_no_module_imports_one_that_imports_it_back():
     graph = import_graph()
-    assert {"speedmatrix.report.fmt", "speedmatrix.workloads.decode", "speedmatrix.job"} <= set(graph)
+    assert {"speedmatrix.core.fmt", "speedmatrix.workloads.decode", "speedmatrix.jobs.job"} <= set(graph)
     # depth-first search for a cycle; report the first one found as a path
     state: dict[str, int] = {}
 
@@ -74,55 +75,91 @@ def test_no_module_imports_one_that_imports_it_back():
             assert cycle is None, " -> ".join(cycle)
 
 
-def layers_of_the_docs() -> list[tuple[str, set[str]]]:
-    """docs/architecture.md's layer table: (layer, its modules), top row first."""
+def layers_of_the_docs() -> list[str]:
+    """docs/architecture.md's layer table: each row's folder (or module), lowest layer first."""
     text = (REPO / "docs" / "architecture.md").read_text()
     section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
-    modules = {module_name(f): f for f in PACKAGE.rglob("*.py")}
     out = []
     for line in section.splitlines():
         cols = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cols) < 3 or cols[0] in ("Layer", "") or set(cols[0]) <= {"-"}:
+        if len(cols) < 2 or cols[0] in ("Layer", "") or set(cols[0]) <= {"-"}:
             continue
-        named = set()
-        for token in re.findall(r"`([^`]+)`", cols[1]):
-            path = PACKAGE / token
-            if token.endswith("/"):
-                named |= {m for m, f in modules.items() if path in f.parents}
-            elif path.suffix == ".py" and path.exists():
-                named.add(module_name(path))
-        out.append((cols[0], named))
+        (name,) = re.findall(r"`([^`]+)`", cols[0])
+        out.append(name.rstrip("/").removesuffix(".py"))
     return out
 
 
-def test_the_layers_in_the_docs_hold():
-    """Every module is in one row of docs/architecture.md's layer table; nothing imports from a row below."""
+def layer_of(module: str, layers: list[str]) -> int:
+    """The row of a module: its folder's (the package's own ``__init__`` and ``data`` sit below every row)."""
+    parts = module.split(".")[1:]
+    if not parts or parts[0] == "data":
+        return -1
+    key = parts[0]
+    assert key in layers, f"{module} is in no layer of docs/architecture.md (a module belongs in a layer's folder)"
+    return layers.index(key)
+
+
+def test_the_folders_are_the_layers():
+    """Every folder of the package is a row of docs/architecture.md's layer table, every module is in one (the
+    package's root holds only its ``__init__`` and the CLI), and no import goes to a row below its own."""
     layers = layers_of_the_docs()
+    assert layers[0] == "core" and layers[-1] == "cli"
+    folders = {p.parent.name for p in PACKAGE.glob("*/__init__.py")} - {"data"}
+    assert folders == set(layers) - {"cli"}
+    loose = {p.name for p in PACKAGE.glob("*.py")}
+    assert loose == {"__init__.py", "cli.py"}, f"modules outside the layers' folders: {loose}"
     graph = import_graph()
-    row = {}
-    for k, (_, mods) in enumerate(layers):
-        for m in mods:
-            assert m not in row, f"{m} is in two layers"
-            row[m] = k
-    assert set(graph) - set(row) == set(), "modules missing from the layer table"
-    upward = [f"{m} ({layers[row[m]][0]}) imports {i} ({layers[row[i]][0]})"
+    row = {m: layer_of(m, layers) for m in graph}
+    upward = [f"{m} ({layers[row[m]]}) imports {i} ({layers[row[i]]})"
               for m, imports in graph.items() for i in imports if row[i] > row[m]]
     assert upward == []
 
 
+def docs_tree() -> dict[str, str]:
+    """docs/architecture.md's tree of the package: folder -> the text that lists its modules."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    block = text.split("    src/speedmatrix/\n", 1)[1].split("\n\n", 1)[0]
+    out: dict[str, str] = {}
+    current = None
+    for line in block.splitlines():
+        m = re.match(r"\s{6}(\S+)\s+(.*)$", line)
+        if m:
+            current = m.group(1)
+            out[current] = m.group(2)
+        elif current:
+            out[current] += " " + line.strip()
+    return out
+
+
+def test_the_tree_in_the_docs_is_the_package():
+    """The tree in docs/architecture.md names every module of each layer's folder and nothing else; the kinds
+    it lists under workloads/ are the registry's, in its order."""
+    tree = docs_tree()
+    for folder, listed in tree.items():
+        if not folder.endswith("/") or folder == "data/":
+            continue
+        named = re.findall(r"[a-z_0-9]+", listed.replace("kinds:", "").replace("shared:", ""))
+        actual = {p.stem for p in (PACKAGE / folder).glob("*.py")} - {"__init__"}
+        assert set(named) == actual, (folder, sorted(set(named) ^ actual))
+    kinds = re.findall(r"[a-z_]+", tree["workloads/"].split("kinds:", 1)[1].split(";", 1)[0])
+    assert kinds == workloads.names()
+
+
 def test_formatting_and_tables_import_nothing_of_speedmatrix():
     graph = import_graph()
-    for name in ("speedmatrix.report.fmt", "speedmatrix.report.table", "speedmatrix.report"):
+    for name in ("speedmatrix.core.fmt", "speedmatrix.core.table", "speedmatrix.core.errors"):
         assert graph[name] == set(), (name, graph[name])
 
 
 def test_workload_kinds_come_from_one_table():
     names = workloads.names()
-    assert names == ["prefill", "latency", "capacity", "prefix_cache", "decode", "rate", "slo_search", "rate_sweep",
-                     "rate_search", "sessions", "replay", "session_search", "replay_search"]
-    # every kind is one module of the package, and its name is its module's
-    modules = {p.stem for p in (PACKAGE / "workloads").glob("*.py")} - {"__init__", "base"}
-    assert modules == set(names)
+    assert len(names) == len(set(names)) and "decode" in names
+    # every kind is one module of the package, named for it; a module of the package that is no kind's
+    # registers nothing (it holds what kinds share)
+    for name in names:
+        assert type(workloads.get(name)).__module__ == f"speedmatrix.workloads.{name}"
+    shared = {p.stem for p in (PACKAGE / "workloads").glob("*.py")} - {"__init__"} - set(names)
+    assert shared == {"base"}
     # nothing outside the package compares a workload to a literal kind name
     pattern = re.compile(r"workload\"?\]?\s*(==|!=|in)\s*[\(\[]?\"(" + "|".join(names) + ")\"")
     offenders = [f"{p.relative_to(REPO)}:{i}" for p in PACKAGE.rglob("*.py") if "workloads" not in p.parts
@@ -169,7 +206,7 @@ def test_every_relative_link_in_markdown_points_to_a_tracked_file():
 
 
 def test_every_matrix_column_is_documented():
-    from speedmatrix.aggregate import MATRIX_COLUMNS
+    from speedmatrix.jobs.aggregate import MATRIX_COLUMNS
 
     text = (REPO / "docs" / "metrics.md").read_text()
     documented = set()
@@ -191,7 +228,7 @@ def test_a_wheel_ships_the_schemas(tmp_path):
     (wheel,) = tmp_path.glob("speedmatrix-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"speedmatrix/data/schemas/experiment.schema.yaml", "speedmatrix/data/schemas/config.schema.yaml",
-            "speedmatrix/workloads/decode.py", "speedmatrix/report/table.py"} <= names
+            "speedmatrix/workloads/decode.py", "speedmatrix/core/table.py"} <= names
     # the checkout's config/schemas is the package's own (a link), not a second copy
     assert (REPO / "config" / "schemas").resolve() == (PACKAGE / "data" / "schemas").resolve()
 

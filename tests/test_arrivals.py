@@ -15,7 +15,8 @@ import pytest
 from test_client_faults import _measure
 
 from fault_server import app
-from speedmatrix import arrivals, workloads
+from speedmatrix import workloads
+from speedmatrix.measure import arrivals
 from speedmatrix.workloads import Cell
 
 
@@ -64,7 +65,8 @@ def test_a_rate_the_client_keeps_is_valid_with_its_lag_and_rates():
     assert all(r.start >= r.scheduled for r in records)
     assert np.allclose([r.scheduled for r in records], [i / 20 for i in range(40)])
     # a latency target is judged on the counted requests only, over the cell's measured span
-    from speedmatrix import cells, slo
+    from speedmatrix.jobs import cells
+    from speedmatrix.measure import slo
 
     table = cells.request_table(records, {"server_id": "manual", "cell_id": cell.id})
     scope = cell.kind.slo_scope(result)
@@ -104,7 +106,9 @@ def test_the_reference_asks_vllm_bench_serve_for_the_same_arrivals(tmp_path):
     import yaml
 
     from conftest import REPO
-    from speedmatrix import experiment, peers, reference
+    from speedmatrix import peers
+    from speedmatrix.jobs import reference
+    from speedmatrix.plan import experiment
 
     cell = rate_cell(4, 5, "gamma", burstiness=0.5, warmup_s=1)
     load = peers.Load(**cell.kind.reference_load(cell), concurrency=0, url="http://x", model="m", tokenizer="/t",
@@ -148,8 +152,8 @@ def test_a_rate_search_doubles_then_bisects_to_its_resolution_and_keeps_its_inte
     interval holds the true limit. A client that falls behind stops the search and says so."""
     import asyncio
 
-    from speedmatrix import slo
-    from speedmatrix.client import RequestRecord
+    from speedmatrix.measure import slo
+    from speedmatrix.measure.client import RequestRecord
     from speedmatrix.workloads.rate_search import search_rates
 
     def records(rate: float) -> list:

@@ -56,8 +56,8 @@ def browser():
 
 def build_report(out: Path) -> Path:
     """report.html of the tracked run, made as the report rule makes it."""
-    from speedmatrix import charts, experiment
-    from speedmatrix.report import document
+    from speedmatrix.plan import experiment
+    from speedmatrix.report import charts, document
 
     exp = experiment.load("tiny-cpu")
     paths = {"md": str(out / "report.md"), "html": str(out / "report.html")}
@@ -137,7 +137,7 @@ def test_a_table_sorts_by_a_click_on_its_column(browser, tmp_path):
 
 
 def test_the_comparison_page_opens_offline_with_its_chart_and_both_provenances(browser, tmp_path):
-    from speedmatrix import compare
+    from speedmatrix.report import compare
 
     compare.compare(str(RUN), str(RUN), str(tmp_path / "cmp"))
     page = tmp_path / "cmp" / "compare-report.html"

@@ -10,8 +10,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from fault_server import PROMPTS, app
-from speedmatrix.client import RequestOptions, RequestRecord, closed_loop, stream_completion
-from speedmatrix.settings import ClientSettings
+from speedmatrix.core.settings import ClientSettings
+from speedmatrix.measure.client import RequestOptions, RequestRecord, closed_loop, stream_completion
 from speedmatrix.workloads import Cell
 
 
@@ -56,8 +56,8 @@ def test_closed_loop_stops_at_the_window_end():
 
 
 def test_fixed_count_keeps_concurrency_and_counts_every_request():
-    from speedmatrix import stats
-    from speedmatrix.client import fixed_count
+    from speedmatrix.measure import stats
+    from speedmatrix.measure.client import fixed_count
 
     async def go():
         async with TestServer(app()) as srv:
@@ -75,7 +75,7 @@ def test_fixed_count_keeps_concurrency_and_counts_every_request():
 
 
 def _measure(cell, fixture_app, client_cfg=None, dataset=None):
-    from speedmatrix import cells
+    from speedmatrix.jobs import cells
 
     async def go():
         async with TestServer(fixture_app) as srv:
@@ -87,7 +87,7 @@ def _measure(cell, fixture_app, client_cfg=None, dataset=None):
 
 
 def test_a_server_without_vllm_metrics_gets_absent_counters_and_the_cell_still_runs():
-    from speedmatrix.metrics import DELTA_KEYS
+    from speedmatrix.measure.metrics import DELTA_KEYS
 
     cell = Cell("manual", "capacity", context_tokens=64, concurrency=2, max_tokens=8, requests=4)
     fixture = app()
@@ -105,7 +105,7 @@ def test_a_server_without_vllm_metrics_gets_absent_counters_and_the_cell_still_r
 
 
 def test_a_busy_server_fails_the_cell_before_anything_is_sent():
-    from speedmatrix.cells import CellError
+    from speedmatrix.jobs.cells import CellError
 
     cell = Cell("manual", "capacity", context_tokens=64, concurrency=2, max_tokens=8, requests=4)
     with pytest.raises(CellError, match=r"busy with requests that are not this cell's \(3 running"):
@@ -150,7 +150,7 @@ def test_every_cell_kind_runs_against_any_openai_compatible_server(cell):
 @pytest.mark.parametrize("answer, reason", [("html", "answered text/html, not application/json"),
                                             ("nofield", "answered JSON without tokens")])
 def test_an_unexpected_tokenize_answer_ends_the_cell_with_a_named_reason(answer, reason):
-    from speedmatrix.cells import CellError
+    from speedmatrix.jobs.cells import CellError
 
     cell = Cell("manual", "capacity", context_tokens=64, concurrency=2, max_tokens=8, requests=4)
     with pytest.raises(CellError, match=reason):

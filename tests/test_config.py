@@ -9,7 +9,9 @@ import pytest
 import yaml
 
 from conftest import REPO, run_snakemake, vllm_processes
-from speedmatrix import cli, experiment, runtimes, workloads
+from speedmatrix import cli, workloads
+from speedmatrix.plan import experiment
+from speedmatrix.serve import runtimes
 
 
 @pytest.fixture
@@ -148,7 +150,7 @@ def test_the_schemas_defaults_are_applied_once_when_an_experiment_loads(exp_dir)
 def test_a_sampled_block_gives_cells_that_ask_for_it(exp_dir):
     """`sampling` in a block: its cells' ids end in -temp<T>, the cell records it, and request i asks for the
     temperature, top_p and seed + i (a greedy cell asks for temperature 0 and no seed)."""
-    from speedmatrix import cells
+    from speedmatrix.jobs import cells
 
     write(exp_dir, "sampled", lambda d: first_decode(d).update(sampling={"temperature": 0.7, "top_p": 0.9}))
     exp = experiment.load("sampled", exp_dir)

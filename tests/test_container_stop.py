@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from speedmatrix import broker
+from speedmatrix.serve import broker
 
 
 @pytest.mark.parametrize("exit_code, removed", [(125, False), (1, True)])

@@ -14,7 +14,9 @@ from test_client_faults import _measure
 
 from conftest import REPO
 from fault_server import PROMPTS, app
-from speedmatrix import datasets, experiment, workloads
+from speedmatrix import workloads
+from speedmatrix.measure import datasets
+from speedmatrix.plan import experiment
 from speedmatrix.workloads import Cell
 
 DATA = REPO / "tests" / "data" / "datasets"

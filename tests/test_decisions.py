@@ -10,9 +10,10 @@ import asyncio
 import pandas as pd
 import pytest
 
-from speedmatrix import decide, slo
-from speedmatrix.client import RequestRecord
-from speedmatrix.errors import ConfigError
+from speedmatrix.core.errors import ConfigError
+from speedmatrix.judge import decide
+from speedmatrix.measure import slo
+from speedmatrix.measure.client import RequestRecord
 from speedmatrix.workloads import slo_search
 
 
@@ -42,7 +43,7 @@ def test_an_slo_search_naming_a_target_the_experiment_lacks_is_refused_before_an
     import yaml
 
     from conftest import REPO
-    from speedmatrix import experiment
+    from speedmatrix.plan import experiment
 
     data = yaml.safe_load((REPO / "config/experiments/tiny-cpu.yaml").read_text())
     data["workloads"]["slo_search"]["slo"] = "batch"

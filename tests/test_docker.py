@@ -33,7 +33,9 @@ from conftest import (
     wait_for,
     wait_no_vllm,
 )
-from speedmatrix import experiment, registry, runtimes
+from speedmatrix.plan import experiment
+from speedmatrix.provision import registry
+from speedmatrix.serve import runtimes
 
 pytestmark = [pytest.mark.engine, pytest.mark.docker]
 

@@ -29,8 +29,8 @@ from conftest import (
     wait_for,
     wait_no_vllm,
 )
-from speedmatrix import experiment
-from speedmatrix.aggregate import MATRIX_COLUMNS
+from speedmatrix.jobs.aggregate import MATRIX_COLUMNS
+from speedmatrix.plan import experiment
 
 pytestmark = pytest.mark.engine
 

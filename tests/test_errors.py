@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from conftest import REPO, one_server_experiment, run_snakemake, wait_no_vllm
-from speedmatrix import experiment, preflight, summary
-from speedmatrix.broker import complaint
+from speedmatrix.jobs import preflight, summary
+from speedmatrix.plan import experiment
+from speedmatrix.serve.broker import complaint
 
 ARGPARSE_LOG = """INFO 12-01 01:02:03 [api_server.py:1] vLLM API server version 0.32.0
 usage: api_server.py [-h] [--host HOST]

@@ -6,7 +6,8 @@ import json
 
 import pandas as pd
 
-from speedmatrix import cli, interference
+from speedmatrix import cli
+from speedmatrix.report import interference
 
 
 def run(tmp_path, name, tok_s, beside=None, gpus=None):

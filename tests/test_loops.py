@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from speedmatrix import corpus, loopcheck, loops
+from speedmatrix.judge import loopcheck
+from speedmatrix.measure import corpus, loops
 
 NATURAL = [corpus.text("prose"), corpus.text("code"), corpus.text("prose")[:3000]]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from speedmatrix import metrics, stats
-from speedmatrix.client import RequestRecord
+from speedmatrix.measure import metrics, stats
+from speedmatrix.measure.client import RequestRecord
 
 DATA = Path(__file__).parent / "data"
 
@@ -155,7 +155,7 @@ def test_a_median_gap_inside_a_burst_is_no_time_between_tokens():
 
 
 def test_no_zero_is_printed_as_a_time():
-    from speedmatrix.report import fmt
+    from speedmatrix.core import fmt
 
     # an interval whose low end Student's t clipped at zero (two repeats far apart) is "up to" its high end
     assert fmt.interval(0.0, 317.0, fmt.ms) == "up to 317 ms" and fmt.interval(18.3, 53.9, fmt.ms) == "18.3 ms–53.9 ms"

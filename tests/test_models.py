@@ -40,7 +40,7 @@ def prepare(tmp_path, revision, hub_home):
     """The model stage in its own process (huggingface_hub reads its settings at import)."""
     env = {**os.environ, "HF_HOME": str(hub_home), "HF_HUB_OFFLINE": "1", "HF_TOKEN": TOKEN,
            "HF_HUB_DISABLE_TELEMETRY": "1"}
-    code = ("import json, sys; from speedmatrix import models\n"
+    code = ("import json, sys; from speedmatrix.provision import models\n"
             "try:\n"
             f"    m = models.prepare('tiny', {{'repo': {REPO_ID!r}, 'revision': {revision!r}}}, "
             f"{str(tmp_path / 'out')!r})\n"
@@ -83,7 +83,8 @@ def test_launch_uses_the_pinned_revision(tmp_path):
     """A downloaded model's server argv carries the commit; `speedmatrix argv` shows it once the manifest exists."""
     import yaml
 
-    from speedmatrix import experiment, runtimes
+    from speedmatrix.plan import experiment
+    from speedmatrix.serve import runtimes
 
     data = yaml.safe_load((REPO / "config/experiments/seed000-gemma4-31b-nvfp4-mtp-tp2.yaml").read_text())
     d = tmp_path / "exp"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from speedmatrix import cli
-from speedmatrix import walltime as overhead
+from speedmatrix.report import walltime as overhead
 
 
 def write_log(path, *stamps):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from conftest import REPO
-from speedmatrix import p2p
+from speedmatrix.serve import p2p
 
 LOGS = REPO / "tests" / "data" / "nccl"
 

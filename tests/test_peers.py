@@ -96,7 +96,7 @@ def test_agreement_summary_and_a_failed_client_in_the_report():
 def test_a_round_short_of_its_requests_is_kept_but_not_compared():
     """A client round that ended after 4 of the 8 requests asked (seen once from GuideLLM on the CPU server)
     measured another load: its figures stay in the document, out of the medians, and the round counts failed."""
-    from speedmatrix.reference import short_round
+    from speedmatrix.jobs.reference import short_round
 
     whole = {"completed": 8, "output_throughput": 300.0, "median_ttft_ms": 50.0}
     short = {"completed": 4, "output_throughput": 900.0, "median_ttft_ms": 20.0}
@@ -197,7 +197,7 @@ def test_clients_that_time_the_first_text_see_a_model_that_emits_only_special_to
     every event's text is empty: AIPerf then counted every request failed and GuideLLM reported a TTFT of 0.
     Every client now asks for special tokens as text, as speedmatrix's own client does with ignore_eos."""
     need_peers()
-    from speedmatrix import models
+    from speedmatrix.provision import models
 
     url, bodies = special_token_server
     models.synthesize("tiny-gemma4", tmp_path / "tiny")  # its tokenizer: the clients write their prompts with it

@@ -1,4 +1,4 @@
-"""A node's GPUs as a pool (speedmatrix.pool, placement.place): which jobs may run side by side, which GPUs a
+"""A node's GPUs as a pool (speedmatrix.serve.pool, placement.place): which jobs may run side by side, which GPUs a
 new server gets, which idle server is stopped for it, and who measured beside whom."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from conftest import REPO
-from speedmatrix import experiment, placement, pool, procs
-from speedmatrix.errors import ConfigError
+from speedmatrix.core.errors import ConfigError
+from speedmatrix.plan import experiment
+from speedmatrix.serve import placement, pool, state
 
 
 def write_experiment(tmp_path: Path, runtime: dict | None = None, parallel=None, servers=None) -> experiment.Experiment:
@@ -82,7 +83,7 @@ def fake_broker(results_root: Path, server_id: str, gpus: list[str] | None) -> t
     d = results_root / "exp" / "servers" / server_id
     d.mkdir(parents=True)
     info = {"broker_pid": proc.pid, "vllm_pid": proc.pid, "pgid": proc.pid, "server_id": server_id,
-            "hostname": os.uname().nodename, "scope": procs.device_scope(), "gpus": gpus, "stop_argv": None,
+            "hostname": os.uname().nodename, "scope": state.device_scope(), "gpus": gpus, "stop_argv": None,
             "startup": {"start_id": "x"}}
     (d / "broker.json").write_text(json.dumps(info))
     (d / "lease").touch()
@@ -134,7 +135,7 @@ def test_a_server_started_without_a_pool_holds_the_whole_device(tmp_path):
 MEASURE = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    from speedmatrix import placement
+    from speedmatrix.serve import placement
     root, sid, cell = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     wait_s, hold_s = float(sys.argv[4]), float(sys.argv[5])
     time.sleep(wait_s)
@@ -159,7 +160,7 @@ def test_each_measurement_names_those_that_overlapped_it(tmp_path):
     assert [x["server_id"] for x in out["b"]] == ["a"]
     assert out["c"] == []
     # every measurement is in the host's journal
-    lines = (root / ".devices" / f"{procs.device_scope()}.measured.jsonl").read_text().splitlines()
+    lines = state.measured_journal(root).read_text().splitlines()
     assert sorted(json.loads(ln)["cell"] for ln in lines) == ["decode-1", "decode-2", "decode-3"]
 
 
@@ -209,7 +210,7 @@ def test_two_configs_start_side_by_side_on_a_stand_in_pool(tmp_path, no_vllm_bef
 LOCKED = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    from speedmatrix import placement
+    from speedmatrix.serve import placement
     root, exclusive, wait_s, hold_s = Path(sys.argv[1]), sys.argv[2] == "1", float(sys.argv[3]), float(sys.argv[4])
     time.sleep(wait_s)
     with placement.measure_lock(root, exclusive=exclusive):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from speedmatrix import corpus
-from speedmatrix.prompts import NONCE_TOKENS, PromptSource
+from speedmatrix.measure import corpus
+from speedmatrix.measure.prompts import NONCE_TOKENS, PromptSource
 
 CORPUS = list(range(1000, 1500))
 INSTRUCTION = [7, 8, 9, 10]
@@ -53,7 +53,8 @@ def test_the_local_tokenizer_builds_prompts_of_the_exact_count(tmp_path):
 
     from tokenizers import Tokenizer
 
-    from speedmatrix import models, prompts
+    from speedmatrix.measure import prompts
+    from speedmatrix.provision import models
 
     models.prepare("tiny", {"synthesize": "tiny-gemma4"}, tmp_path / "tiny")
     local = prompts.local_aligner(tmp_path / "tiny")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from speedmatrix.aggregate import MATRIX_COLUMNS
+from speedmatrix.jobs.aggregate import MATRIX_COLUMNS
 from speedmatrix.report import document as report
 
 
@@ -52,7 +52,7 @@ def test_gpu_sections():
 def test_spec_sweep_keeps_an_unstable_point():
     """The sweep chart's data: every speculative setting of a cell measured at more than one, an Unstable cell
     included (a figure with a wide spread, as the other charts show it); a failed cell is left out."""
-    from speedmatrix import charts
+    from speedmatrix.report import charts
 
     m = pd.DataFrame([
         row(server_id="base", spec_tokens=0, status="unstable", total_tok_s=2878.0),
@@ -67,9 +67,10 @@ def test_spec_sweep_keeps_an_unstable_point():
 
 
 def test_a_trained_model_is_named_as_trained_not_synthesized():
-    weights = "trained (speedmatrix.training: its recipe, corpus and loss in training.json)"
+    weights = "trained (speedmatrix.provision.training: its recipe, corpus and loss in training.json)"
     lock = {"models": {"tiny": {"source": "trained", "trained": "tiny-gemma4-trained", "weights": weights,
                                 "files": {"config.json": "c9", "model.safetensors": "d9"}}}}
     text = report.render(pd.DataFrame([row()]), [], {}, {}, "cpu", models_lock=lock)
-    assert "model `tiny`: trained (speedmatrix.training: its recipe, corpus and loss in training.json), 2 files" in text
+    assert ("model `tiny`: trained (speedmatrix.provision.training: its recipe, corpus and loss in training.json), "
+            "2 files") in text
     assert "synthesized `None`" not in text

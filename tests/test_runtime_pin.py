@@ -14,8 +14,11 @@ import requests
 import yaml
 
 from conftest import REPO
-from speedmatrix import experiment, preflight, registry, runtimes
-from speedmatrix.procs import free_port
+from speedmatrix.jobs import preflight
+from speedmatrix.plan import experiment
+from speedmatrix.provision import registry
+from speedmatrix.serve import runtimes
+from speedmatrix.serve.procs import free_port
 
 REGISTRY_BIN = shutil.which("docker-registry") or shutil.which("registry")
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"

@@ -11,7 +11,8 @@ from contextlib import redirect_stdout
 import pytest
 
 from conftest import REPO
-from speedmatrix import cli, experiment
+from speedmatrix import cli
+from speedmatrix.plan import experiment
 
 SEEDS = ["seed000-gemma4-31b-nvfp4-mtp-tp2", "seed002-gemma4-26b-a4b-nvfp4-speed-matrix",
          "seed003-gemma4-capacity-c128"]

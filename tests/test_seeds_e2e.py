@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, lighter_copy, run_snakemake, wait_no_vllm
-from speedmatrix import experiment
+from speedmatrix.plan import experiment
 
 pytestmark = pytest.mark.engine
 

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from conftest import LIFECYCLE_WORKLOADS, REPO, one_server_experiment, wait_no_vllm
-from speedmatrix import experiment
+from speedmatrix.plan import experiment
 from speedmatrix.workloads import names as workload_names
 
 pytestmark = pytest.mark.slurm

@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-from speedmatrix import telemetry
+from speedmatrix.measure import telemetry
 
 
 class StubNVML(types.ModuleType):

@@ -16,7 +16,8 @@ import pytest
 from test_client_faults import _measure
 
 from fault_server import app
-from speedmatrix import datasets, traces, workloads
+from speedmatrix import workloads
+from speedmatrix.measure import datasets, traces
 
 DATA = Path(__file__).parent / "data" / "traces"
 
@@ -166,7 +167,7 @@ def test_a_replay_search_finds_the_fastest_scale_with_its_interval():
 
 
 def test_sessions_from_a_conversation_dataset_send_its_user_turns():
-    from speedmatrix import datasets as ds
+    from speedmatrix.measure import datasets as ds
 
     records, _ = ds.load("chats", {"path": str(Path(__file__).parent / "data" / "datasets" / "sharegpt.json"),
                                     "format": "sharegpt"})

@@ -1,5 +1,5 @@
 """The tiny trained pair: a short retrain lowers the losses, and the shipped files load and are what their log
-says (speedmatrix.training, models.install_trained). No vLLM here: the default run serves the shipped pair."""
+says (speedmatrix.provision.training, models.install_trained). No vLLM here: the default run serves the shipped pair."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from speedmatrix import models, training
+from speedmatrix.provision import models, training
 
 torch = pytest.importorskip("torch")
 

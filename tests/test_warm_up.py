@@ -9,7 +9,7 @@ import asyncio
 from aiohttp.test_utils import TestServer
 
 from fault_server import BODIES, app
-from speedmatrix import broker, procs
+from speedmatrix.serve import broker, procs
 
 
 def test_warm_up_sends_a_greedy_and_a_sampled_request():

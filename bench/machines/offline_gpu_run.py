@@ -198,7 +198,7 @@ def agree(ns: argparse.Namespace) -> int:
     eager), one JSON per concurrency into $OUT as each finishes."""
     unpack()
     sys.path.insert(0, str(REPO / "src"))
-    from speedmatrix import models
+    from speedmatrix.provision import models
 
     model = Path(WORK) / "models" / f"gemma4-31b-shape-{ns.layers}l"
     models.synthesize("gemma4-31b-shape", model, {
@@ -294,7 +294,7 @@ def rederive(ns: argparse.Namespace) -> int:
     """`speedmatrix rederive` on a returned tarball, its matrix, decisions and report into docs/results/<experiment>/
     (names with --suffix: a second policy beside the first)."""
     sys.path.insert(0, str(REPO / "src"))
-    from speedmatrix.rederive import rederive as rederive_run
+    from speedmatrix.report.rederive import rederive as rederive_run
 
     work = Path(subprocess.run(["mktemp", "-d"], capture_output=True, text=True, check=True).stdout.strip())
     with tarfile.open(ns.tarball) as tar:
@@ -325,8 +325,8 @@ def report(ns: argparse.Namespace) -> int:
     reference JSONs, launch and locks), with the code of the report rule: after files were added there (e.g.
     the reference rule's JSONs of a later run on the same experiment). No loop verdict is judged again."""
     sys.path.insert(0, str(REPO / "src"))
-    from speedmatrix import experiment
-    from speedmatrix.rederive import write_report
+    from speedmatrix.plan import experiment
+    from speedmatrix.report.rederive import write_report
 
     dest = REPO / "docs" / "results" / ns.experiment
     exps = REPO / "config" / "experiments"

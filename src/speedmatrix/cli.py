@@ -13,8 +13,8 @@ from pathlib import Path
 import aiohttp
 
 from . import __version__, workloads
-from .errors import SpeedmatrixError
-from .settings import ClientSettings, defaults_of, section_defaults
+from .core.errors import SpeedmatrixError
+from .core.settings import ClientSettings, defaults_of, section_defaults
 
 EPILOG = """\
 The whole pipeline runs through Snakemake (`make run`, or
@@ -24,7 +24,8 @@ these subcommands are the pieces a user wants by hand.
 
 
 def cmd_measure(ns: argparse.Namespace) -> int:
-    from . import atomic, cells
+    from .core import atomic
+    from .jobs import cells
 
     target = {k: v for k, v in (("preset", ns.slo_preset), ("ttft_ms", ns.slo_ttft_ms), ("tpot_ms", ns.slo_tpot_ms),
                                 ("e2e_ms", ns.slo_e2e_ms), ("percentile", ns.slo_percentile)) if v is not None}
@@ -64,9 +65,11 @@ def cmd_measure(ns: argparse.Namespace) -> int:
 
 
 def cmd_agree(ns: argparse.Namespace) -> int:
-    from . import atomic, peers, reference
-    from .client import api_key
-    from .report import sections, table
+    from . import peers
+    from .core import atomic, table
+    from .jobs import reference
+    from .measure.client import api_key
+    from .report import sections
 
     names = [n for n in ns.clients.split(",") if n]
     settings = {"python": dict(kv.split("=", 1) for kv in ns.python)}
@@ -86,7 +89,7 @@ def cmd_agree(ns: argparse.Namespace) -> int:
 
 
 def cmd_loops(ns: argparse.Namespace) -> int:
-    from . import loops
+    from .measure import loops
 
     for f in ns.files:
         v = loops.detect(Path(f).read_text(errors="replace"))
@@ -95,7 +98,8 @@ def cmd_loops(ns: argparse.Namespace) -> int:
 
 
 def cmd_argv(ns: argparse.Namespace) -> int:
-    from . import experiment, runtimes
+    from .plan import experiment
+    from .serve import runtimes
 
     exp = experiment.load(ns.experiment, ns.experiments_dir)
     lock_path = Path(ns.results_dir) / exp.name / "runtime.lock.json"
@@ -112,7 +116,7 @@ def cmd_argv(ns: argparse.Namespace) -> int:
 
 
 def cmd_compare(ns: argparse.Namespace) -> int:
-    from . import compare
+    from .report import compare
 
     try:
         print(compare.compare(ns.run_a, ns.run_b, ns.out, ns.match, ns.server_a, ns.server_b))
@@ -123,7 +127,7 @@ def cmd_compare(ns: argparse.Namespace) -> int:
 
 
 def cmd_rederive(ns: argparse.Namespace) -> int:
-    from .rederive import rederive
+    from .report.rederive import rederive
 
     try:
         written = rederive(ns.results, ns.experiment, ns.experiments_dir, ns.out, ns.policy, ns.captions)
@@ -135,7 +139,7 @@ def cmd_rederive(ns: argparse.Namespace) -> int:
 
 
 def cmd_pareto(ns: argparse.Namespace) -> int:
-    from . import compare
+    from .report import compare
 
     try:
         print(compare.pareto(ns.runs, ns.out))
@@ -151,7 +155,7 @@ def _doc(module: str) -> str:
 
 
 def cmd_walltime(ns: argparse.Namespace) -> int:
-    from . import walltime
+    from .report import walltime
 
     if not (ns.run / "logs").is_dir():
         print(f"speedmatrix walltime: {ns.run}: no logs/ folder (give results/<experiment> of a finished run)",
@@ -165,7 +169,7 @@ def cmd_walltime(ns: argparse.Namespace) -> int:
 
 
 def cmd_interference(ns: argparse.Namespace) -> int:
-    from . import interference
+    from .report import interference
 
     got = interference.compare(ns.alone, ns.beside, ns.again)
     print(interference.markdown(got))
@@ -175,7 +179,7 @@ def cmd_interference(ns: argparse.Namespace) -> int:
 
 
 def cmd_train_pair(ns: argparse.Namespace) -> int:
-    from . import training
+    from .provision import training
 
     changes = {k: {"steps": v} for k, v in (("target", ns.target_steps), ("drafter", ns.drafter_steps)) if v}
     record = training.run_training(ns.out or training.SHIPPED, changes, progress=lambda m: print(m, file=sys.stderr))
@@ -184,7 +188,7 @@ def cmd_train_pair(ns: argparse.Namespace) -> int:
 
 
 def cmd_validate(ns: argparse.Namespace) -> int:
-    from . import experiment
+    from .plan import experiment
 
     exp = experiment.load(ns.experiment, ns.experiments_dir)
     print(f"{exp.path}: ok ({len(exp.servers)} server configs, {len(exp.cells())} cells)")
@@ -192,7 +196,7 @@ def cmd_validate(ns: argparse.Namespace) -> int:
 
 
 def cmd_list(ns: argparse.Namespace) -> int:
-    from . import experiment
+    from .plan import experiment
 
     for name in experiment.available(ns.experiments_dir):
         print(name)
@@ -200,7 +204,7 @@ def cmd_list(ns: argparse.Namespace) -> int:
 
 
 def cmd_stop(ns: argparse.Namespace) -> int:
-    from . import broker
+    from .serve import broker
 
     n = broker.stop_all(ns.results_dir)
     print(f"stopped {n} server(s) under {ns.results_dir}")
@@ -250,7 +254,7 @@ def _add_measure(sub) -> None:
     c.add_argument("--eos-text", help="with --ignore-eos: the model's end-of-text token as text (e.g. <eos>), "
                    "to record where the model had ended before it was forced on")
     c.add_argument("--stop-looping", action="store_true", help="end a request as soon as its output loops "
-                   "(speedmatrix.loops thresholds; recorded per request)")
+                   "(speedmatrix.measure.loops thresholds; recorded per request)")
     c.add_argument("--api", choices=["completions", "chat"], default=client_defaults["api"],
                    help="/v1/completions (the prompt verbatim) or /v1/chat/completions (the prompt as one user "
                    "message through the model's chat template)")
@@ -270,7 +274,7 @@ def _add_measure(sub) -> None:
                    f"drain before the cell fails (default {client_defaults['busy_wait_s']:g})")
     t = b.add_argument_group("slo_search: the latency target")
     t.add_argument("--slo-preset", help="an MLPerf server target (e.g. mlperf-llama3.1-8b-interactive; "
-                   "speedmatrix.slo.PRESETS)")
+                   "speedmatrix.measure.slo.PRESETS)")
     t.add_argument("--slo-ttft-ms", type=float, help="TTFT limit (ms)")
     t.add_argument("--slo-tpot-ms", type=float, help="time per output token limit (ms)")
     t.add_argument("--slo-e2e-ms", type=float, help="end-to-end latency limit (ms)")
@@ -357,7 +361,7 @@ def _add_comparisons(sub) -> None:
 
     it = sub.add_parser(
         "interference", help="what measuring side by side on a GPU pool changed, cell by cell",
-        description=_doc("interference"))
+        description=_doc("report.interference"))
     it.add_argument("alone", type=Path, help="results/<experiment> of a run whose cells measured alone")
     it.add_argument("beside", type=Path, help="results/<experiment> of the same experiment on a pool")
     it.add_argument("--again", type=Path, help="a second lone run: the run-to-run spread to compare against")
@@ -383,7 +387,7 @@ def _add_run_commands(sub) -> None:
 
     wt = sub.add_parser(
         "walltime", help="where a finished run's wall time went: server start-ups, measurement windows, the rest",
-        description=_doc("walltime"), formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=_doc("report.walltime"), formatter_class=argparse.RawDescriptionHelpFormatter)
     wt.add_argument("run", type=Path, help="a finished run's folder, results/<experiment>")
     wt.add_argument("--out", type=Path, help="also write the figures as JSON here")
     wt.set_defaults(func=cmd_walltime)
@@ -392,7 +396,7 @@ def _add_run_commands(sub) -> None:
 def _add_train_pair(sub) -> None:
     tp = sub.add_parser(
         "train-pair", help="train the tiny Gemma-4 target and its MTP drafter that the package ships (CPU)",
-        description="Train the tiny pair again from its recipe (speedmatrix.training.RECIPE: the corpus, the "
+        description="Train the tiny pair again from its recipe (speedmatrix.provision.training.RECIPE: the corpus, the "
         "tokenizer, the target, then the drafter distilled from it), with fixed seeds. About half an hour on "
         "2 cores; the result is close to, not bit-identical with, the shipped files (floating-point order "
         "differs between CPUs). Writes <out>/tiny-gemma4-trained, <out>/tiny-gemma4-trained-mtp and "
@@ -419,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .errors import CellError
+    from .core.errors import CellError
 
     ns = build_parser().parse_args(argv)
     try:

@@ -1,7 +1,9 @@
 """Rule aggregate: matrix.parquet (one row per cell), requests.parquet (one row per request) and
 decisions.parquet (one row per cell and latency target)."""
 
-from speedmatrix import aggregate, experiment, logs
+from speedmatrix.core import logs
+from speedmatrix.jobs import aggregate
+from speedmatrix.plan import experiment
 
 with logs.to_file(snakemake.log[0]):
     exp = experiment.load(snakemake.params.experiment, snakemake.params.experiments_dir)

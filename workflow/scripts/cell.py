@@ -1,8 +1,9 @@
-"""Rules prefill, latency, capacity, prefix_cache, decode (one per workload kind): measure one cell against its
+"""The cell rules (one per workload kind, made from the registry in rules/cells.smk): measure one cell against its
 server config's server (started on first use)."""
 
-from speedmatrix import cells, logs
-from speedmatrix.job import JobContext
+from speedmatrix.core import logs
+from speedmatrix.jobs import cells
+from speedmatrix.jobs.job import JobContext
 
 with logs.to_file(snakemake.log[0]):
     cells.run(JobContext.from_snakemake(snakemake), snakemake.params.cell_id, snakemake.output.json,

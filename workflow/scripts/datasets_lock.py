@@ -1,6 +1,7 @@
 """Rule datasets_lock: every dataset of the experiment with its source, revision, records and hash."""
 
-from speedmatrix import atomic, datasets, logs
+from speedmatrix.core import atomic, logs
+from speedmatrix.measure import datasets
 
 with logs.to_file(snakemake.log[0]):
     entries = datasets.lock(snakemake.params.datasets)

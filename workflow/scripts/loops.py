@@ -2,7 +2,8 @@
 
 import pandas as pd
 
-from speedmatrix import atomic, logs, loopcheck
+from speedmatrix.core import atomic, logs
+from speedmatrix.judge import loopcheck
 
 with logs.to_file(snakemake.log[0]):
     cell = atomic.read_json(snakemake.input.cell)

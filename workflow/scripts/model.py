@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from speedmatrix import logs, models
+from speedmatrix.core import logs
+from speedmatrix.provision import models
 
 with logs.to_file(snakemake.log[0]):
     out_dir = Path(snakemake.output[0]).parent

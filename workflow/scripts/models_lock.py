@@ -1,6 +1,7 @@
 """Rule models_lock: every model of the experiment with its commit (or recipe) and file hashes."""
 
-from speedmatrix import atomic, logs, models
+from speedmatrix.core import atomic, logs
+from speedmatrix.provision import models
 
 with logs.to_file(snakemake.log[0]):
     manifests = {name: atomic.read_json(path) for name, path in zip(snakemake.params.names, snakemake.input)}

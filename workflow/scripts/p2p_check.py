@@ -2,7 +2,8 @@
 
 import json
 
-from speedmatrix import atomic, logs, p2p
+from speedmatrix.core import atomic, logs
+from speedmatrix.serve import p2p
 
 with logs.to_file(snakemake.log[0]):
     result = p2p.check_server(snakemake.params.gpus, snakemake.params.device)

@@ -1,6 +1,8 @@
 """Rule pin_runtime: record exactly which runtime the servers run."""
 
-from speedmatrix import atomic, experiment, logs, runtimes
+from speedmatrix.core import atomic, logs
+from speedmatrix.plan import experiment
+from speedmatrix.serve import runtimes
 
 with logs.to_file(snakemake.log[0]):
     exp = experiment.load(snakemake.params.experiment, snakemake.params.experiments_dir)

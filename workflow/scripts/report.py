@@ -1,6 +1,6 @@
 """Rule report: charts (HTML + PNG) and report.md / report.html."""
 
-from speedmatrix import logs
+from speedmatrix.core import logs
 from speedmatrix.report import document
 
 with logs.to_file(snakemake.log[0]):

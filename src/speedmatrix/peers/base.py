@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..client import sampling_body
+from ..measure.client import sampling_body
 
 OURS = "speedmatrix"
 # the figures the agreement table compares with speedmatrix's

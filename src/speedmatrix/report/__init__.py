@@ -1,14 +1,4 @@
-"""The report: tables built once as data (``table``), rendered as markdown and as HTML.
-
-Layers, each importing only the ones above it:
-
-- ``fmt``: numbers, contexts, statuses as text (imports nothing of speedmatrix);
-- ``table``: the blocks of a document (headings, paragraphs, lists, tables, images) and
-  their two renderers, markdown and HTML;
-- ``sections``: the report's tables that are not a workload's own (servers, sweeps, gates, GPU, ...);
-- ``document``: the whole report of a run, and the report rule.
-
-A workload's own table (prefill, sustained decode, ...) lives with the workload
-(``speedmatrix.workloads``). This file imports nothing, so that a workload can
-use ``fmt`` and ``table`` while ``document`` uses the workloads.
-"""
+"""Presenting runs: the report of a run built once as blocks and written as markdown and HTML (``document``,
+``sections``, each kind's own table from ``workloads``), its charts (``charts``), the comparison of runs
+(``compare``), a run's loops, matrix and report again from its cell files (``rederive``), where a finished
+run's wall time went (``walltime``) and what measuring side by side changed (``interference``)."""

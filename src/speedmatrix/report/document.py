@@ -7,9 +7,12 @@ from typing import Any
 
 import pandas as pd
 
-from .. import atomic, charts, decide, experiment, workloads
-from . import fmt, sections
-from .table import Block, Bullets, Figure, Heading, Image, Para, html_page, markdown
+from .. import workloads
+from ..core import atomic, fmt
+from ..core.table import Block, Bullets, Figure, Heading, Image, Para, html_page, markdown
+from ..judge import decide
+from ..plan import experiment
+from . import charts, sections
 
 
 def _section(title: str, intro: str, body: Any, level: int = 2) -> list[Block]:

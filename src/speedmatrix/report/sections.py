@@ -9,10 +9,10 @@ from typing import Any
 import pandas as pd
 
 from .. import workloads
-from ..loopcheck import steps_of
+from ..core import fmt
+from ..core.table import Para, Table
+from ..judge.loopcheck import steps_of
 from ..peers import OURS, normalized
-from . import fmt
-from .table import Para, Table
 
 
 def by_phase(m: pd.DataFrame, *then: str) -> pd.DataFrame:
@@ -499,7 +499,7 @@ def run_lines(matrix: pd.DataFrame, startups: list[dict[str, Any]]) -> list[str]
     return out
 
 
-# ---- decisions (speedmatrix.slo, speedmatrix.decide) ---------------------------------------------------
+# ---- decisions (speedmatrix.measure.slo, speedmatrix.judge.decide) ---------------------------------------------------
 
 def targets_table(targets: list) -> Table | None:
     if not targets:

@@ -1,39 +1,31 @@
 """Workload kinds: one module each, behind one interface (``base.Workload``), in one table (``REGISTRY``).
 
-To add a kind: write a module here with a ``@register``-ed subclass of
-``Workload``, import it below, and add its block to
-``data/schemas/experiment.schema.yaml``. Cell ids, the workflow's rules, the
-SLURM groups, the CLI and the report take the list from here.
+To add a kind: write a module here with a ``@register``-ed subclass of ``Workload``, and add its block to
+``data/schemas/experiment.schema.yaml``. Every module of this package is imported below, so the module
+registers itself; cell ids, the workflow's rules, the SLURM groups, the CLI, the matrix and the report take
+the list from ``REGISTRY``. A module that registers no kind holds what kinds share (``base``: the interface).
 """
 
-from . import (  # noqa: F401  (each registers its kind)
-    capacity,
-    decode,
-    latency,
-    prefill,
-    prefix_cache,
-    rate,
-    rate_search,
-    rate_sweep,
-    replay,
-    replay_search,
-    session_search,
-    sessions,
-    slo_search,
-)
+import importlib
+import pkgutil
+
 from .base import (
-           CELL_KEY_PATTERN,
-           REGISTRY,
-           Cell,
-           CellRun,
-           Measured,
-           Workload,
-           cell_id_pattern,
-           get,
-           names,
-           order_of,
-           register,
+    CELL_KEY_PATTERN,
+    REGISTRY,
+    Cell,
+    CellRun,
+    Measured,
+    Workload,
+    cell_id_pattern,
+    get,
+    names,
+    order_of,
+    register,
 )
+
+# each module registers its kind as it is imported; the order of the kinds is their ``order``, not this one
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["REGISTRY", "Cell", "CellRun", "Measured", "Workload", "cell_id_pattern", "get", "names", "order_of",
            "register", "CELL_KEY_PATTERN"]

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pandas as pd
 
-from ..report import fmt
-from ..report.table import Table
+from ..core import fmt
+from ..core.table import Table
 
 if TYPE_CHECKING:  # types only: the client is imported where a cell runs
-    from ..client import RequestOptions, RequestRecord
-    from ..prompts import PromptSource
-    from ..settings import ClientSettings
+    from ..core.settings import ClientSettings
+    from ..measure.client import RequestOptions, RequestRecord
+    from ..measure.prompts import PromptSource
 
 # name -> the kind; filled by @register as each module of this package is imported
 REGISTRY: dict[str, Workload] = {}
@@ -110,7 +110,7 @@ class Cell:
 
 @dataclass
 class CellRun:
-    """Everything a workload needs to measure one cell against a running server (speedmatrix.cells)."""
+    """Everything a workload needs to measure one cell against a running server (speedmatrix.jobs.cells)."""
 
     cell: Cell
     url: str
@@ -168,7 +168,7 @@ class Workload:
     throughput: ClassVar[bool] = False
     # its requests are cut at a window's end: token counts per streamed event (usage_per_chunk: auto)
     cut_at_window_end: ClassVar[bool] = False
-    # a decode roofline applies at concurrency 1 (speedmatrix.telemetry.roofline)
+    # a decode roofline applies at concurrency 1 (speedmatrix.measure.telemetry.roofline)
     roofline: ClassVar[bool] = False
     # the matrix's tok/s figure of this kind for the all-measurements table
     headline_tok_s: ClassVar[str] = "total_tok_s"
@@ -184,7 +184,7 @@ class Workload:
                                   "before the cell (by other cells, runs or repeats) matches its prompts")
     # extra matrix columns this kind fills (matrix_fields)
     matrix_columns: ClassVar[tuple[str, ...]] = ()
-    # its cells are judged against the experiment's latency targets (speedmatrix.slo): goodput, attainment
+    # its cells are judged against the experiment's latency targets (speedmatrix.measure.slo): goodput, attainment
     slo: ClassVar[bool] = True
     # it searches for a load (slo_search): its concurrency is the search's upper bound, not a load it held
     searches: ClassVar[bool] = False
@@ -195,7 +195,7 @@ class Workload:
     # ``speedmatrix measure`` can make its cell from its options (kinds with settings of their own, such as a
     # schedule or turns, are written in an experiment)
     by_hand: ClassVar[bool] = True
-    # its corpus is a trace (speedmatrix.traces), not prompts: its cells get the trace's requests
+    # its corpus is a trace (speedmatrix.measure.traces), not prompts: its cells get the trace's requests
     # (``CellRun.records``) and build prompts from the built-in corpus
     reads_trace: ClassVar[bool] = False
 
@@ -236,7 +236,7 @@ class Workload:
 
     # ---- latency targets -----------------------------------------------------
     def slo_targets(self, cell: dict[str, Any], targets: list) -> list:
-        """The experiment's targets this cell is judged on (speedmatrix.slo.Target)."""
+        """The experiment's targets this cell is judged on (speedmatrix.measure.slo.Target)."""
         return list(targets) if self.slo else []
 
     def slo_scope(self, result: dict[str, Any]) -> tuple[str | None, float | None]:

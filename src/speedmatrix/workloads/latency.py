@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .. import client, stats
-from ..report import fmt
-from ..report.table import Table
+from ..core import fmt
+from ..core.table import Table
+from ..measure import client, stats
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import client, stats
-from ..report import fmt
-from ..report.table import Table
+from ..core import fmt
+from ..core.table import Table
+from ..measure import client, stats
 from .base import Cell, CellRun, Measured, Workload, register
 
 

@@ -2,7 +2,7 @@
 
 Each cell is one rate of a block's ``rates`` with its arrival process (constant,
 Poisson, gamma with a burstiness): its schedule, window rule and client-bound
-verdict are ``speedmatrix.arrivals``. A cell is not held at a concurrency: its
+verdict are ``speedmatrix.measure.arrivals``. A cell is not held at a concurrency: its
 ``concurrency`` is 0 (open loop), and how many requests were in flight is a
 figure (``avg_active_requests``), not a setting.
 """
@@ -13,9 +13,9 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from .. import arrivals, client, stats
-from ..report import fmt
-from ..report.table import Table
+from ..core import fmt
+from ..core.table import Table
+from ..measure import arrivals, client, stats
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
 
 FOOTNOTE = (

@@ -1,7 +1,7 @@
 """Rate search: the highest open-loop request rate at which a latency target still holds, found in one cell's job.
 
-Each step sends requests on a seeded schedule (``speedmatrix.arrivals``: Poisson or gamma) at one rate for
-``duration_s``, every request run to its end, and judges the target on them (``speedmatrix.slo``). The rates
+Each step sends requests on a seeded schedule (``speedmatrix.measure.arrivals``: Poisson or gamma) at one rate for
+``duration_s``, every request run to its end, and judges the target on them (``speedmatrix.measure.slo``). The rates
 double from ``start_rate`` until the target fails or ``max_rate`` is reached, then bisect between the highest
 rate that held and the lowest that failed until they are within ``resolution`` of each other (a fraction of
 the lower). The answer is the highest rate that held, with the interval the search leaves it in: the true
@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import arrivals, slo, stats
-from ..report import fmt
-from ..report.table import Table
+from ..core import fmt
+from ..core.table import Table
+from ..measure import arrivals, slo, stats
 from .base import Cell, CellRun, Measured, register, sampling_of
 from .rate import send_on_schedule
 from .slo_search import TargetSearch, frame, searched

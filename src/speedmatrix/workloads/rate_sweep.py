@@ -6,7 +6,7 @@ at most, and what happens at the open-loop rates between the two.
    ``max_concurrency`` in flight (capped where the live server's KV cache holds fewer); its request rate is the
    most the server completes.
 3. **rates**: ``rates`` open-loop rates spaced evenly between the two (both ends left out), each a seeded schedule
-   of ``duration_s`` with the window rule of a rate cell (``speedmatrix.arrivals``: requests scheduled in the
+   of ``duration_s`` with the window rule of a rate cell (``speedmatrix.measure.arrivals``: requests scheduled in the
    first ``warmup_s`` not counted), its send lag, client-bound and saturation verdicts.
 
 Every step is judged on the block's latency target (``slo``): attainment, the percentile rule and goodput, so the
@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import arrivals, client, slo, stats
-from ..report import fmt
-from ..report.table import Table
+from ..core import fmt
+from ..core.table import Table
+from ..measure import arrivals, client, slo, stats
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
 from .rate import send_on_schedule
 from .slo_search import frame, searched

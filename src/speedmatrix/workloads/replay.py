@@ -1,6 +1,6 @@
 """Trace replay: a production trace's requests sent on the trace's own schedule, lengths and prefix sharing.
 
-The cell's ``corpus`` is the trace (a dataset of the experiment in a trace format, ``speedmatrix.traces``). Its
+The cell's ``corpus`` is the trace (a dataset of the experiment in a trace format, ``speedmatrix.measure.traces``). Its
 requests in the window (``start_s``, ``duration_s`` of trace time; ``sample`` keeps a seeded share) are sent open
 loop at their trace time divided by ``time_scale`` (2: twice as fast), each with its prompt length and its output
 capped at its trace length (lengths times ``token_scale``; the cell's ``max_tokens`` caps every output);
@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import arrivals, traces
-from ..errors import CellError
-from ..prompts import Tagged
-from ..report import fmt
-from ..report.table import Table
+from ..core import fmt
+from ..core.errors import CellError
+from ..core.table import Table
+from ..measure import arrivals, traces
+from ..measure.prompts import Tagged
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
 from .rate import Rate, rate_point, send_on_schedule
 

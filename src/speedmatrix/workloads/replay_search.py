@@ -16,9 +16,9 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from .. import slo
-from ..report import fmt
-from ..report.table import Table
+from ..core import fmt
+from ..core.table import Table
+from ..measure import slo
 from .base import Cell, CellRun, Measured, register, sampling_of
 from .rate_search import answer_cells, answered, search_rates
 from .replay import Replay

@@ -3,7 +3,7 @@ target, found in one cell's job.
 
 Each step runs that many users, each one session of the block's turns (``workloads.sessions``: the history
 resent every turn, a think time between turns), and judges the target on every turn's request by its
-percentile rule (``speedmatrix.slo``), as the concurrency search does (``slo_search.search``: doubling from one
+percentile rule (``speedmatrix.measure.slo``), as the concurrency search does (``slo_search.search``: doubling from one
 user until the target fails or ``max_users``, then bisection between the highest number that held and the lowest
 that failed; a step near a limit measured twice). Every step is kept (``slo_search_steps``; its requests in
 requests.parquet, phase ``step<k>``, with their session and turn); the cell's figures are the answer's step's.
@@ -15,8 +15,8 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from .. import slo, stats
-from ..report import fmt
+from ..core import fmt
+from ..measure import slo, stats
 from .base import Cell, CellRun, Measured, register, sampling_of
 from .sessions import converse, final_history
 from .slo_search import SloSearch, TargetSearch, search, searched

@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import client, slo, stats
-from ..errors import CellError
-from ..report import fmt
-from ..report.table import Table
+from ..core import fmt
+from ..core.errors import CellError
+from ..core.table import Table
+from ..measure import client, slo, stats
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
 from .slo_search import frame
 

@@ -3,7 +3,7 @@
 The search (``search``) probes concurrency 1, 2, 4, ... until the target fails or the upper bound is
 reached, then bisects between the highest concurrency that held and the lowest that failed until they
 are adjacent. Each step sends ``requests`` requests (at least twice its concurrency) at that concurrency,
-output capped, as a capacity cell does, and decides by the target's percentile rule (speedmatrix.slo).
+output capped, as a capacity cell does, and decides by the target's percentile rule (speedmatrix.measure.slo).
 Near the boundary a single batch is not enough to decide: when a step's percentile lies within
 ``margin`` (default 10 %) of a limit, the step is measured once more and decided on both batches.
 Every step is kept in the cell's result (``slo_search_steps``) and its requests in requests.parquet
@@ -20,10 +20,10 @@ from typing import Any
 
 import pandas as pd
 
-from .. import client, slo, stats
-from ..report import fmt
-from ..report.table import Table
-from ..settings import defaults_of
+from ..core import fmt
+from ..core.settings import defaults_of
+from ..core.table import Table
+from ..measure import client, slo, stats
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
 
 
@@ -48,7 +48,7 @@ class Step:
 
 
 def frame(records: list[client.RequestRecord]) -> pd.DataFrame:
-    """The columns speedmatrix.slo reads, from request records (as cells.request_table writes them)."""
+    """The columns speedmatrix.measure.slo reads, from request records (as cells.request_table writes them)."""
     return pd.DataFrame({
         "start_s": [r.start for r in records],
         "end_s": [r.end for r in records],

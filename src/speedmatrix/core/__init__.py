@@ -1,0 +1,6 @@
+"""Foundations: what every other layer uses and that knows nothing of the rest.
+
+The error classes (``errors``), atomic writes (``atomic``), a job's log (``logs``), the schema's defaults and
+the client's typed settings (``settings``), numbers as text (``fmt``) and a document as blocks with its
+markdown and HTML renderers (``table``).
+"""

@@ -1,0 +1,45 @@
+"""Write files once and atomically (a reader never sees a half-written result), and read JSON back."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def read_json_if_there(path: str | os.PathLike) -> Any | None:
+    """The JSON in ``path``, or None where there is none to read: missing (a state file another process
+    removes when it ends) or not JSON. Where a file must be there, :func:`read_json` raises instead."""
+    try:
+        return read_json(path)
+    except (FileNotFoundError, ValueError):
+        return None
