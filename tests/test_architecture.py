@@ -151,6 +151,22 @@ def test_formatting_and_tables_import_nothing_of_speedmatrix():
         assert graph[name] == set(), (name, graph[name])
 
 
+def test_errors_are_defined_in_one_module():
+    """Every exception class of the package is in core/errors.py, under SpeedmatrixError (one place to read
+    what speedmatrix raises on purpose), and HTTP goes through aiohttp or core/http.py, never a third library."""
+    from speedmatrix.core import errors
+
+    elsewhere = [f"{p.relative_to(REPO)}: {node.name}" for p in PACKAGE.rglob("*.py") if p.name != "errors.py"
+                 for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.ClassDef)
+                 and any(getattr(b, "id", getattr(b, "attr", "")).endswith(("Error", "Exception")) for b in node.bases)]
+    assert elsewhere == []
+    ours = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, Exception)]
+    assert len(ours) > 5 and all(issubclass(c, errors.SpeedmatrixError) for c in ours)
+    http_imports = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+                    if re.search(r"^\s*(import|from) (requests|httpx|urllib\.request)\b", p.read_text(), re.M)}
+    assert http_imports == {"core/http.py"}
+
+
 def test_workload_kinds_come_from_one_table():
     names = workloads.names()
     assert len(names) == len(set(names)) and "decode" in names

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import requests
 
 from conftest import (
     LIFECYCLE_WORKLOADS,
@@ -33,6 +32,7 @@ from conftest import (
     wait_for,
     wait_no_vllm,
 )
+from speedmatrix.core import http
 from speedmatrix.plan import experiment
 from speedmatrix.provision import registry
 from speedmatrix.serve import runtimes
@@ -50,8 +50,10 @@ def _missing() -> str | None:
     if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
         return "dockerd is not running"
     try:
-        requests.get("http://127.0.0.1:5000/v2/", timeout=2).raise_for_status()
-    except requests.RequestException:
+        answered = http.get("http://127.0.0.1:5000/v2/", timeout=2).status == 200
+    except OSError:
+        answered = False
+    if not answered:
         return "no registry on 127.0.0.1:5000"
     try:
         registry.resolve(IMAGE)

@@ -10,10 +10,10 @@ import subprocess
 import time
 
 import pytest
-import requests
 import yaml
 
 from conftest import REPO
+from speedmatrix.core import http
 from speedmatrix.jobs import preflight
 from speedmatrix.plan import experiment
 from speedmatrix.provision import registry
@@ -44,9 +44,9 @@ def local_registry(tmp_path_factory):
     deadline = time.monotonic() + 30
     while True:
         try:
-            if requests.get(f"{base}/v2/", timeout=1).status_code == 200:
+            if http.get(f"{base}/v2/", timeout=1).status == 200:
                 break
-        except requests.RequestException:
+        except OSError:
             pass
         if time.monotonic() > deadline or proc.poll() is not None:
             proc.kill()
@@ -64,13 +64,13 @@ def push_image(host: str, name: str, tag: str, payload: bytes) -> str:
 
     def blob(data: bytes) -> dict:
         digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
-        start = requests.post(f"{base}/blobs/uploads/", timeout=10)
-        assert start.status_code == 202, start.text
+        start = http.request("POST", f"{base}/blobs/uploads/", timeout=10)
+        assert start.status == 202, start.text
         loc = start.headers["Location"]
         loc = loc if loc.startswith("http") else f"http://{host}{loc}"
-        put = requests.put(loc, params={"digest": digest}, data=data,
+        put = http.request("PUT", loc, params={"digest": digest}, data=data,
                            headers={"Content-Type": "application/octet-stream"}, timeout=10)
-        assert put.status_code == 201, put.text
+        assert put.status == 201, put.text
         return {"digest": digest, "size": len(data)}
 
     config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []},
@@ -81,9 +81,9 @@ def push_image(host: str, name: str, tag: str, payload: bytes) -> str:
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(config)},
         "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **blob(payload)}],
     }).encode()
-    resp = requests.put(f"{base}/manifests/{tag}", data=manifest, headers={"Content-Type": MANIFEST_TYPE},
+    resp = http.request("PUT", f"{base}/manifests/{tag}", data=manifest, headers={"Content-Type": MANIFEST_TYPE},
                         timeout=10)
-    assert resp.status_code == 201, resp.text
+    assert resp.status == 201, resp.text
     return f"sha256:{hashlib.sha256(manifest).hexdigest()}"
 
 

@@ -1,4 +1,4 @@
-"""Every error speedmatrix raises on purpose, under one base class.
+"""Every error speedmatrix raises on purpose, under one base class, all in this module.
 
 Each message names what is wrong (a file and key, a server config, a cell)
 and says what to do; callers catch :class:`SpeedmatrixError` to print it
@@ -18,3 +18,27 @@ class ConfigError(SpeedmatrixError, ValueError):
 
 class CellError(SpeedmatrixError, RuntimeError):
     """A measurement that cannot be trusted (server died, requests failed, server busy): the cell writes nothing."""
+
+
+class DatasetError(SpeedmatrixError):
+    """A dataset that cannot be read as its experiment says: names the file or repository and the key."""
+
+
+class TraceError(SpeedmatrixError):
+    """A trace that cannot be read or scaled as its experiment says (names the file or the key)."""
+
+
+class ModelError(SpeedmatrixError, RuntimeError):
+    """A model could not be had; the message says which and what to do (and never holds a token)."""
+
+
+class RegistryError(SpeedmatrixError, RuntimeError):
+    """A container registry that did not give an image's digest: names the image, the registry and its answer."""
+
+
+class ServerError(SpeedmatrixError, RuntimeError):
+    """A server config's server could not be started or held; the message names the config and vLLM's reason."""
+
+
+class RederiveError(SpeedmatrixError):
+    """A results folder that cannot be re-derived: the message says what is missing."""

@@ -398,7 +398,7 @@ def request_table(records: list[client.RequestRecord], ident: dict[str, Any]) ->
             "worker": r.worker,
             "prompt_tokens": r.prompt_tokens,
             "start_s": r.start,
-            "ttft_ms": (r.first_token - r.start) * 1000 if r.first_token is not None else None,
+            "ttft_ms": r.ttft_s * 1000 if r.ttft_s is not None else None,
             "end_s": r.end,
             "output_tokens": r.output_tokens,
             "chunks": len(r.chunk_times),

@@ -29,9 +29,8 @@ import time
 from typing import Any
 
 import jsonschema
-import requests
 
-from ..core import atomic
+from ..core import atomic, http
 from ..core.settings import section_defaults
 from ..measure import client
 from .job import JobContext
@@ -62,10 +61,10 @@ TOOL_CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Perth", "Quito", "Seo
 
 
 def _chat(url: str, model: str, headers: dict[str, str], body: dict[str, Any], timeout: float) -> dict[str, Any]:
-    resp = requests.post(f"{url}/v1/chat/completions", json={"model": model, "temperature": 0.0, **body},
-                         headers=headers, timeout=timeout)
-    if resp.status_code != 200:
-        return {"error": f"HTTP {resp.status_code}: {resp.text[:300]}"}
+    resp = http.post_json(f"{url}/v1/chat/completions", {"model": model, "temperature": 0.0, **body},
+                          headers=headers, timeout=timeout)
+    if resp.status != 200:
+        return {"error": f"HTTP {resp.status}: {resp.text[:300]}"}
     return resp.json()
 
 
@@ -148,7 +147,7 @@ def run(gate: str, url: str, model: str, headers: dict[str, str], settings: dict
     t0 = time.monotonic()
     try:
         verdict = func(url, model, headers, settings, chat_kwargs, timeout)
-    except requests.RequestException as exc:
+    except (OSError, ValueError) as exc:  # no answer, or one that is not JSON
         verdict = {"passed": False, "reason": f"request failed: {type(exc).__name__}: {exc}"[:300]}
     return {"gate": gate, **verdict, "expect": settings["expect"],
             "as_expected": verdict["passed"] == (settings["expect"] == "pass"), "settings": settings,

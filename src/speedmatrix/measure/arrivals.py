@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from .stats import percentile
+
 KINDS = ("constant", "poisson", "gamma")
 
 
@@ -89,10 +91,6 @@ def counted(scheduled: float, arrival: Arrival) -> bool:
     return arrival.warmup_s <= scheduled < arrival.duration_s
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
-
-
 def keeping(sends: list[tuple[float, float]], ends: list[float], arrival: Arrival, lag_limit_ms: float,
             min_achieved: float) -> dict[str, Any]:
     """How well the client kept its schedule: ``sends`` the counted requests' (scheduled, actual) send times,
@@ -113,8 +111,8 @@ def keeping(sends: list[tuple[float, float]], ends: list[float], arrival: Arriva
         "achieved_rate_rps": achieved,
         "window_s": window,
         "counted_requests": len(sends),
-        "schedule_lag_p50_ms": _pct(lags, 50),
-        "schedule_lag_p95_ms": _pct(lags, 95),
+        "schedule_lag_p50_ms": percentile(lags, 50),
+        "schedule_lag_p95_ms": percentile(lags, 95),
         "schedule_lag_max_ms": max(lags) if lags else None,
         "lag_limit_ms": lag_limit_ms,
         "span_s": (max(ends) - min(actual)) if ends and actual else None,

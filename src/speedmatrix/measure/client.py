@@ -196,6 +196,12 @@ class RequestRecord:
     def output_tokens(self) -> int:
         return sum(self.chunk_tokens)
 
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token: from the request's send to its first token's arrival (None: no token came).
+        The one definition every figure, table and target of TTFT reads."""
+        return None if self.first_token is None else self.first_token - self.start
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -36,13 +36,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import SpeedmatrixError
+from ..core.errors import DatasetError
 
 BUILTIN_CORPORA = ("prose", "code")
-
-
-class DatasetError(SpeedmatrixError):
-    """A dataset that cannot be read as its experiment says: names the file or repository and the key."""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import ConfigError
+from . import stats
+from .stats import nearest_rank
 
 LIMITS = ("ttft_ms", "tpot_ms", "e2e_ms")
 LIMIT_NAMES = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "e2e_ms": "E2E"}
@@ -154,7 +156,7 @@ def _percentile_holds(fig: pd.DataFrame, t: Target) -> tuple[bool | None, dict[s
                 holds = False
             continue
         # nearest rank (no interpolation: an infinitely late request stays infinitely late)
-        pcts[key] = float(np.percentile(vals, t.percentile, method="inverted_cdf"))
+        pcts[key] = nearest_rank(vals, t.percentile)
         holds &= pcts[key] <= lim
     return (holds if len(fig) else None), pcts
 
@@ -183,8 +185,6 @@ def for_cell(reqs: pd.DataFrame, result: dict[str, Any], targets_: list[Target],
     """Each target over one cell's requests (``phase``: only those of one pass or search step, measured in
     ``window_s``). Attainment and the percentile verdict pool the cell's repeats; goodput is the median
     of the repeats' with a 95 % interval (as the cell's other figures), or the whole cell's."""
-    from . import stats  # the client's figures; not needed to read a target
-
     if phase is not None and "phase" in reqs:
         reqs = reqs[reqs["phase"] == phase]
     reps = result.get("repeat_figures") or []

@@ -8,16 +8,26 @@ Key names follow ``vllm bench serve`` where the quantity is the same
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .client import RequestRecord
+if TYPE_CHECKING:  # types only: reading a table's percentiles needs no client
+    from .client import RequestRecord
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile with linear interpolation between the two nearest values (numpy's default, as
+    ``vllm bench serve`` computes its ``p99_ttft_ms``): every ``median_*``/``pNN_*`` figure of a cell."""
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def nearest_rank(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile by nearest rank, with no interpolation (MLPerf's reading, the one a latency target
+    is judged by: an infinitely late request stays infinitely late)."""
+    return float(np.percentile(values, q, method="inverted_cdf")) if len(values) else None
+
 
 
 def _ms(v: float | None) -> float | None:
@@ -27,10 +37,10 @@ def _ms(v: float | None) -> float | None:
 def _dist(prefix: str, values_s: list[float]) -> dict[str, float | None]:
     return {
         f"mean_{prefix}_ms": _ms(float(np.mean(values_s))) if values_s else None,
-        f"median_{prefix}_ms": _ms(_pct(values_s, 50)),
-        f"p90_{prefix}_ms": _ms(_pct(values_s, 90)),
-        f"p95_{prefix}_ms": _ms(_pct(values_s, 95)),
-        f"p99_{prefix}_ms": _ms(_pct(values_s, 99)),
+        f"median_{prefix}_ms": _ms(percentile(values_s, 50)),
+        f"p90_{prefix}_ms": _ms(percentile(values_s, 90)),
+        f"p95_{prefix}_ms": _ms(percentile(values_s, 95)),
+        f"p99_{prefix}_ms": _ms(percentile(values_s, 99)),
     }
 
 
@@ -140,7 +150,7 @@ def decode(records: list[RequestRecord], duration_s: float, concurrency: int | N
         steady_s = 0.0
     completed = [r for r in records if r.finish_reason and not r.error and (r.end or 0) <= duration_s + 1e-6]
     failed = [r for r in records if r.error]
-    ttfts = [r.first_token - r.start for r in records if r.first_token is not None]
+    ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
     gaps = [g for r in records for g in token_gaps(r)]
     cgaps = [g for r in records for g in chunk_gaps(r)]
     rates = [x for x in (request_rate(r) for r in records) if x is not None]
@@ -174,7 +184,7 @@ def fixed(records: list[RequestRecord], wall_s: float) -> dict[str, Any]:
     """A fixed set of requests (capacity and latency cells): everything over the wall time it took."""
     ok = [r for r in records if not r.error]
     tokens = sum(r.output_tokens for r in ok)
-    ttfts = [r.first_token - r.start for r in ok if r.first_token is not None]
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     rates = [x for x in (request_rate(r) for r in ok) if x is not None]
     # TPOT per request, (end - first token) / (tokens - 1): vLLM's, AIPerf's and GuideLLM's "ITL"
     tpots = [(r.end - r.first_token) / (r.output_tokens - 1) for r in ok
@@ -202,8 +212,8 @@ def fixed(records: list[RequestRecord], wall_s: float) -> dict[str, Any]:
 
 def prefill(records: list[RequestRecord], context_tokens: int) -> dict[str, Any]:
     ok = [r for r in records if r.first_token is not None and not r.error]
-    ttfts = [r.first_token - r.start for r in ok]
-    med = _pct(ttfts, 50)
+    ttfts = [r.ttft_s for r in ok]
+    med = percentile(ttfts, 50)
     return {
         "num_requests": len(records),
         "completed": len(ok),

@@ -30,13 +30,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.errors import SpeedmatrixError
+from ..core.errors import TraceError
 
 MOONCAKE_BLOCK = 512  # tokens per hash id in Mooncake's traces
-
-
-class TraceError(SpeedmatrixError):
-    """A trace that cannot be read or scaled as its experiment says (names the file or the key)."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import atomic
-from ..core.errors import SpeedmatrixError
+from ..core.errors import ModelError
 from ..measure import corpus
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
@@ -255,10 +255,6 @@ def eos_text(model_dir: str | Path) -> str | None:
 
 # ---------------------------------------------------------------------------
 # models from the Hugging Face Hub, pinned to a commit
-
-
-class ModelError(SpeedmatrixError, RuntimeError):
-    """A model could not be had; the message says which and what to do (and never holds a token)."""
 
 
 def _scrub(text: str) -> str:

@@ -12,9 +12,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-import requests
-
-from ..core.errors import SpeedmatrixError
+from ..core import http
+from ..core.errors import RegistryError
 
 DOCKER_HUB = "https://registry-1.docker.io"
 # what a multi-architecture image or a single manifest may be served as; the digest of the
@@ -26,10 +25,6 @@ ACCEPT = ", ".join([
     "application/vnd.docker.distribution.manifest.v2+json",
 ])
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-
-
-class RegistryError(SpeedmatrixError, RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -76,14 +71,14 @@ def parse(image: str, registry: str | None = None) -> ImageRef:
     return ImageRef(base, host, rest, tag or (None if digest else "latest"), digest or None)
 
 
-def _bearer_token(challenge: str, session: requests.Session, timeout: float) -> str:
+def _bearer_token(challenge: str, timeout: float) -> str:
     fields = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
     realm = fields.pop("realm", None)
     if not realm:
         raise RegistryError(f"the registry asked for a token without saying where: {challenge!r}")
-    resp = session.get(realm, params=fields, timeout=timeout)
-    if resp.status_code != 200:
-        raise RegistryError(f"token request to {realm} answered HTTP {resp.status_code}")
+    resp = http.get(realm, params=fields, timeout=timeout)
+    if resp.status != 200:
+        raise RegistryError(f"token request to {realm} answered HTTP {resp.status}")
     body = resp.json()
     return body.get("token") or body.get("access_token") or ""
 
@@ -95,23 +90,22 @@ def resolve(image: str, registry: str | None = None, timeout: float = 30.0) -> t
         return ref, ref.digest
     url = f"{ref.registry}/v2/{ref.repository}/manifests/{ref.tag}"
     headers = {"Accept": ACCEPT}
-    with requests.Session() as session:
-        try:
-            resp = session.head(url, headers=headers, timeout=timeout)
-            if resp.status_code == 401 and resp.headers.get("WWW-Authenticate", "").lower().startswith("bearer"):
-                token = _bearer_token(resp.headers["WWW-Authenticate"][len("bearer"):].strip(), session, timeout)
-                headers["Authorization"] = f"Bearer {token}"
-                resp = session.head(url, headers=headers, timeout=timeout)
-            if resp.status_code == 200 and not resp.headers.get("Docker-Content-Digest"):
-                resp = session.get(url, headers=headers, timeout=timeout)  # digest = sha256 of the body
-        except requests.RequestException as exc:
-            raise RegistryError(f"could not reach the registry for {image!r} at {ref.registry}: "
-                                f"{type(exc).__name__}: {exc}") from None
-    if resp.status_code == 404:
+    try:
+        resp = http.request("HEAD", url, headers=headers, timeout=timeout)
+        if resp.status == 401 and (resp.headers.get("WWW-Authenticate") or "").lower().startswith("bearer"):
+            token = _bearer_token(resp.headers["WWW-Authenticate"][len("bearer"):].strip(), timeout)
+            headers["Authorization"] = f"Bearer {token}"
+            resp = http.request("HEAD", url, headers=headers, timeout=timeout)
+        if resp.status == 200 and not resp.headers.get("Docker-Content-Digest"):
+            resp = http.get(url, headers=headers, timeout=timeout)  # digest = sha256 of the body
+    except (OSError, ValueError) as exc:  # no answer, or a token answer that is not JSON
+        raise RegistryError(f"could not reach the registry for {image!r} at {ref.registry}: "
+                            f"{type(exc).__name__}: {exc}") from None
+    if resp.status == 404:
         raise RegistryError(f"{image!r}: the registry {ref.registry} has no tag {ref.tag!r} for {ref.repository}")
-    if resp.status_code != 200:
-        raise RegistryError(f"{image!r}: the registry {ref.registry} answered HTTP {resp.status_code} for {url}")
-    digest = resp.headers.get("Docker-Content-Digest") or f"sha256:{hashlib.sha256(resp.content).hexdigest()}"
+    if resp.status != 200:
+        raise RegistryError(f"{image!r}: the registry {ref.registry} answered HTTP {resp.status} for {url}")
+    digest = resp.headers.get("Docker-Content-Digest") or f"sha256:{hashlib.sha256(resp.body).hexdigest()}"
     if not DIGEST_RE.match(digest):
         raise RegistryError(f"{image!r}: the registry returned an unexpected digest {digest!r}")
     return ref, digest

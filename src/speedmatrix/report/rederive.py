@@ -13,15 +13,11 @@ from pathlib import Path
 import pandas as pd
 
 from ..core import atomic
-from ..core.errors import SpeedmatrixError
+from ..core.errors import RederiveError
 from ..jobs import aggregate
 from ..judge import loopcheck
 from ..plan import experiment
 from . import charts, document
-
-
-class RederiveError(SpeedmatrixError):
-    """A results folder that cannot be re-derived: the message says what is missing."""
 
 
 def rederive(results: str | Path, experiment_name: str | None = None,

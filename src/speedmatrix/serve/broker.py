@@ -27,7 +27,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,7 +93,7 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Path,
                 code, listing = http_get(f"{url}/v1/models", timeout=5)
                 if code == 200:
                     return served_model(listing)
-        except (urllib.error.URLError, OSError):
+        except OSError:
             pass
         time.sleep(POLL_S)
     raise TimeoutError(f"vLLM did not serve {url} within {timeout_s:g} s (startup_timeout_s); its last words: "
@@ -127,7 +126,7 @@ def warm_up(url: str, model: str | None) -> dict[str, Any]:
         body = {"model": model, "prompt": WARM_UP_PROMPT, "max_tokens": 4}
         codes = [http_post_json(f"{url}/v1/completions", {**body, **s}, timeout=WARM_UP_TIMEOUT_S)[0]
                  for s in WARM_UP_REQUESTS]
-    except (urllib.error.URLError, OSError) as exc:
+    except OSError as exc:
         return {"seconds": round(time.monotonic() - t0, 3), "error": f"{type(exc).__name__}: {exc}"[:200]}
     return {"seconds": round(time.monotonic() - t0, 3), "status_codes": codes}
 

@@ -5,15 +5,13 @@ HTTP probes (where its state files are and its locks: ``state``).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
+from ..core import http
 from .state import device_scope
 
 POLL_S = 0.5
@@ -118,21 +116,17 @@ def free_port(host: str) -> int:
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    return _fetch(urllib.request.Request(url, headers=_auth()), timeout)
+    """(status, body) of a GET to a server, with its key; an HTTP error is its status and no body; a network
+    failure raises ``OSError``."""
+    return _answer(http.get(url, _auth(), timeout))
 
 
 def http_post_json(url: str, body: dict, timeout: float = 5.0) -> tuple[int, bytes]:
-    return _fetch(urllib.request.Request(url, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json", **_auth()}), timeout)
+    return _answer(http.post_json(url, body, _auth(), timeout))
 
 
-def _fetch(req: urllib.request.Request, timeout: float) -> tuple[int, bytes]:
-    """(status, body) of one request with the server's key; an HTTP error is its code and no body."""
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, b""
+def _answer(resp: http.Response) -> tuple[int, bytes]:
+    return resp.status, resp.body if resp.status < 400 else b""
 
 
 def _auth() -> dict[str, str]:

@@ -19,14 +19,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 from ..core import atomic
-from ..core.errors import SpeedmatrixError
+from ..core.errors import ServerError
 from . import runtimes, state
 from .broker import stop_broker
 from .placement import measure_lock, measuring, place
@@ -41,10 +39,6 @@ JOB_THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS"
                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
-class ServerError(SpeedmatrixError, RuntimeError):
-    """A server config's server could not be started or held; the message names the config and vLLM's reason."""
-
-
 def device_lock(results_root: Path) -> contextlib.AbstractContextManager[None]:
     """One cell at a time finds or starts a server in this scope."""
     return state.flocked(state.device_lock_file(results_root))
@@ -56,7 +50,7 @@ def healthy(info: dict) -> bool:
         return False
     try:
         return http_get(f"{info['url']}/health", timeout=5)[0] == 200
-    except (urllib.error.URLError, OSError):
+    except OSError:
         return False
 
 

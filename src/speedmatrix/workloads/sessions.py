@@ -94,11 +94,11 @@ def by_turn(records: list[client.RequestRecord]) -> list[dict[str, Any]]:
     for k in sorted({r.turn for r in records}):
         mine = [r for r in records if r.turn == k]
         ok = [r for r in mine if not r.error]
-        ttft = [1000 * (r.first_token - r.start) for r in ok if r.first_token is not None]
+        ttft = [1000 * r.ttft_s for r in ok if r.ttft_s is not None]
         out.append({"turn": k, "requests": len(mine), "failed": len(mine) - len(ok),
                     "prompt_tokens": float(np.mean([r.prompt_tokens for r in mine])),
-                    "ttft_p50_ms": float(np.percentile(ttft, 50)) if ttft else None,
-                    "ttft_p95_ms": float(np.percentile(ttft, 95)) if ttft else None,
+                    "ttft_p50_ms": stats.percentile(ttft, 50),
+                    "ttft_p95_ms": stats.percentile(ttft, 95),
                     "cached_share": stats.cached_share(ok)})
     return out
 

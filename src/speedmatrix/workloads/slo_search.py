@@ -52,7 +52,7 @@ def frame(records: list[client.RequestRecord]) -> pd.DataFrame:
     return pd.DataFrame({
         "start_s": [r.start for r in records],
         "end_s": [r.end for r in records],
-        "ttft_ms": [(r.first_token - r.start) * 1000 if r.first_token is not None else None for r in records],
+        "ttft_ms": [r.ttft_s * 1000 if r.ttft_s is not None else None for r in records],
         "output_tokens": [r.output_tokens for r in records],
         "error": [r.error for r in records],
         "cut_at_window_end": [r.cut_at_window_end for r in records],
