@@ -241,3 +241,29 @@ def test_pareto_across_runs_names_each_point_by_its_run(tmp_path):
     assert "4 of 5 cells are on the frontier" in text
     assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG" and (out / "pareto-report.html").exists()
     assert cli.main(["pareto", str(tmp_path / "nowhere")]) == 2
+
+
+def test_one_search_doubles_then_bisects_over_whole_and_real_loads():
+    """The engine every searching kind runs: the loads it steps through for a known capacity, over whole numbers
+    (concurrency, users) and real ones (rate, time scale), and a step that cannot be judged stops it."""
+    from speedmatrix.workloads import search as engine
+
+    def run(capacity, start, upper, load, unjudged=None):
+        seen = []
+
+        async def step(x):
+            seen.append(x)
+            return None if unjudged is not None and x >= unjudged else x <= capacity
+
+        return asyncio.run(engine.search(step, start, upper, load)), seen
+
+    found, seen = run(5, 1, 64, engine.COUNT)
+    assert seen == [1, 2, 4, 8, 6, 5] and (found.answer, found.failed, found.stopped_at) == (5, 6, None)
+    found, seen = run(100, 1, 64, engine.COUNT)  # never fails: stops at the bound, nothing failed
+    assert seen == [1, 2, 4, 8, 16, 32, 64] and (found.answer, found.failed) == (64, None)
+    found, seen = run(0, 1, 64, engine.COUNT)  # the first step fails: no bisection below it
+    assert seen == [1] and (found.answer, found.failed) == (0, 1)
+    found, seen = run(3.3, 1.0, 64.0, engine.Load(integer=False, resolution=0.1))
+    assert seen == [1.0, 2.0, 4.0, 3.0, 3.5, 3.25] and (found.answer, found.failed) == (3.25, 3.5)
+    found, seen = run(100, 1.0, 64.0, engine.Load(integer=False, resolution=0.1), unjudged=8)
+    assert seen == [1.0, 2.0, 4.0, 8.0] and (found.answer, found.failed, found.stopped_at) == (4.0, None, 8.0)

@@ -20,18 +20,19 @@ from typing import Any
 from ..core import fmt
 from ..core.table import Table
 from ..measure import arrivals, slo, stats
+from . import search as engine
 from .base import Cell, CellRun, Measured, register, sampling_of
-from .rate import send_on_schedule
+from .open_loop import send_on_schedule
 from .slo_search import TargetSearch, frame, searched
 
 
 async def search_rates(probe, target: slo.Target, start: float, upper: float, resolution: float,
                        progress=print, show=lambda rate: f"{rate:g} req/s", load: str = "rate") -> dict[str, Any]:
-    """Doubling then bisection over rates (or any load the schedule scales with: ``load`` names it in each step,
-    ``show`` in the log); ``probe(rate, step)`` returns (records, window seconds, keeping)."""
+    """The one search (``workloads.search``) over rates, or any load the schedule scales with (``load`` names it
+    in each step, ``show`` in the log); ``probe(rate, step)`` returns (records, window seconds, keeping); a step
+    whose client fell behind its schedule cannot be judged and stops the search."""
     steps: list[dict[str, Any]] = []
     batches: dict[int, list] = {}
-    good, bad, stopped = 0.0, None, None
 
     async def step(rate: float) -> bool | None:
         k = len(steps) + 1
@@ -49,27 +50,11 @@ async def search_rates(probe, target: slo.Target, start: float, upper: float, re
                     else ("holds " if holds else "misses ") + target.name))
         return holds
 
-    rate = start
-    while True:  # doubling until it fails, the client falls behind, or the bound
-        held = await step(rate)
-        if held is None:
-            stopped = f"the client fell behind its schedule at {show(rate)}"
-            break
-        if not held:
-            bad = rate
-            break
-        good = rate
-        if rate >= upper:
-            break
-        rate = min(2 * rate, upper)
-    while stopped is None and bad is not None and good > 0 and (bad - good) > resolution * good:
-        rate = round((good + bad) / 2, 6)
-        held = await step(rate)
-        if held is None:
-            stopped = f"the client fell behind its schedule at {show(rate)}"
-            break
-        good, bad = (rate, bad) if held else (good, rate)
-    return {"answer": good, "interval": [good, bad], "steps": steps, "batches": batches, "stopped": stopped}
+    found = await engine.search(step, start, upper, engine.Load(integer=False, resolution=resolution))
+    stopped = (f"the client fell behind its schedule at {show(found.stopped_at)}" if found.stopped_at is not None
+               else None)
+    return {"answer": found.answer, "interval": [found.answer, found.failed], "steps": steps, "batches": batches,
+            "stopped": stopped}
 
 
 def answered(found: dict[str, Any], target: slo.Target, load: str, steps_key: str) -> Measured:

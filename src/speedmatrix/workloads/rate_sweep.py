@@ -25,7 +25,7 @@ from ..core import fmt
 from ..core.table import Table
 from ..measure import arrivals, client, slo, stats
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
-from .rate import send_on_schedule
+from .open_loop import send_on_schedule
 from .slo_search import frame, searched
 
 FOOTNOTE = ("Synchronous: one request at a time; throughput: as many in flight as the step's concurrency; the rates "

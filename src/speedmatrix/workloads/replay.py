@@ -22,7 +22,8 @@ from ..core.table import Table
 from ..measure import arrivals, traces
 from ..measure.prompts import Tagged
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
-from .rate import Rate, rate_point, send_on_schedule
+from .open_loop import send_on_schedule
+from .rate import Rate, rate_point
 
 
 @register

@@ -24,6 +24,7 @@ from ..core import fmt
 from ..core.settings import defaults_of
 from ..core.table import Table
 from ..measure import client, slo, stats
+from . import search as engine
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
 
 
@@ -74,13 +75,14 @@ Probe = Callable[[int, int, int], Awaitable[tuple[float, list[client.RequestReco
 async def search(probe: Probe, target: slo.Target, upper: int, requests: int, margin: float,
                  progress: Callable[[str], None] = print, noun: str = "concurrency"
                  ) -> tuple[int, list[Step], dict[int, list]]:
-    """(highest concurrency that held, 0 if none; every step; each step's records).
-
-    ``probe(concurrency, requests, step)`` measures one batch and returns (wall seconds, records)."""
+    """(highest concurrency that held, 0 if none; every step; each step's records): the one search
+    (``workloads.search``) over a whole number. ``probe(concurrency, requests, step)`` measures one batch and
+    returns (wall seconds, records)."""
     steps: list[Step] = []
     batches: dict[int, list] = {}
 
-    async def step(c: int) -> bool:
+    async def step(load: float) -> bool:
+        c = int(load)
         k = len(steps) + 1
         n = max(requests, 2 * c)
         wall, recs = await probe(c, n, k)
@@ -101,24 +103,8 @@ async def search(probe: Probe, target: slo.Target, upper: int, requests: int, ma
                  + (" (near a limit: measured twice)" if rechecked else ""))
         return holds
 
-    good, bad = 0, upper + 1
-    c = 1
-    while c <= upper:  # doubling until it fails or reaches the bound
-        if await step(c):
-            good = c
-            if c == upper:
-                break
-            c = min(2 * c, upper)
-        else:
-            bad = c
-            break
-    while bad - good > 1 and good > 0:  # bisection between the highest that held and the lowest that failed
-        c = (good + bad) // 2
-        if await step(c):
-            good = c
-        else:
-            bad = c
-    return good, steps, batches
+    found = await engine.search(step, 1, upper, engine.COUNT)
+    return int(found.answer), steps, batches
 
 
 def searched(records: list[client.RequestRecord], windows: list[float]) -> dict[str, Any]:
