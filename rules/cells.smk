@@ -2,7 +2,8 @@
 # `snakemake --list-rules` and the job counts show each kind, and a cluster
 # profile can give a kind its own limits (--set-resources decode:...). All of
 # them run the same code path, speedmatrix.jobs.cells.run, as `speedmatrix measure`
-# does by hand.
+# does by hand. The params hand the job everything it needs (the cell, the settings
+# its measurement depends on): the job expands nothing.
 for kind in WORKLOADS:
 
     rule:
@@ -43,5 +44,8 @@ for kind in WORKLOADS:
             idle_timeout_s=IDLE_TIMEOUT_S,
             placement=placement_of(kind),
             measured_with=EXP.measured_with,
+            # the loop thresholds the online watch uses (they are part of measured_with only where they end
+            # requests: client.stop_looping)
+            loops=EXP.loops,
         script:
             "../workflow/scripts/cell.py"

@@ -162,3 +162,19 @@ def test_a_sampled_block_gives_cells_that_ask_for_it(exp_dir):
     greedy = exp.cell("base", "decode-ctx128-c4")
     body = cells.request_options(greedy, exp.client).payload("m", [1, 2], index=3)
     assert body["temperature"] == 0 and "seed" not in body and "sampling" not in greedy.as_dict()
+
+
+def test_a_cell_handed_to_its_job_is_the_cell_the_experiment_expands():
+    """A cell rule hands its job the cell as a dict (the job expands nothing): for every cell of every shipped
+    experiment, the dict gives back the same cell, with the same id (its outputs' names)."""
+    from speedmatrix.workloads import Cell
+
+    seen = []
+    for path in sorted((REPO / "config" / "experiments").glob("*.yaml")):
+        exp = experiment.load(path.stem, str(path.parent))
+        for cell in exp.cells():
+            again = Cell.from_dict(cell.as_dict())
+            assert again == cell and again.id == cell.id, (path.name, cell.id)
+            seen.append(cell)
+    # kinds' own options and sampled cells went through the dict too
+    assert len({c.workload for c in seen}) >= 10 and any(c.options for c in seen) and any(c.sampling for c in seen)

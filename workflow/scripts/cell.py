@@ -6,5 +6,6 @@ from speedmatrix.jobs import cells
 from speedmatrix.jobs.job import JobContext
 
 with logs.to_file(snakemake.log[0]):
-    cells.run(JobContext.from_snakemake(snakemake), snakemake.params.cell_id, snakemake.output.json,
+    p = snakemake.params
+    cells.run(JobContext.from_snakemake(snakemake), p.cell, p.measured_with, p.loops, snakemake.output.json,
               snakemake.output.requests)

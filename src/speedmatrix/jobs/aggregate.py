@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -38,78 +38,78 @@ def spread_fields(res: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-MATRIX_COLUMNS = [
-    "experiment", "server_id", "cell_id", "model", "spec_tokens", "spec_method", "workload", "context_tokens",
-    "concurrency",
-    "status", "total_tok_s", "per_request_tok_s", "ttft_ms", "itl_ms", "avg_active_requests",
-    "completed_requests", "output_tokens", "measured_s", "prompt_tok_s", "spec_acceptance_rate",
-    "spec_acceptance_length", "prefix_cache_hit_rate", "cached_prompt_share", "loop_fraction", "suspected_fraction",
-    "loop_status_policy", "error", "vllm_version", "runtime_ref",
+class C(NamedTuple):
+    """A matrix column: its name, and where its value comes from. ``part`` and ``key``: read as it is from that
+    part of the cell's JSON (``result``, the loop verdict ``loops``, ``provenance``), under ``key`` (default: the
+    column's own name; where it differs, the JSON keeps ``vllm bench serve``'s name and the matrix the design's
+    output contract's, and this is the one place that says so). No part: computed in ``matrix_row`` or by
+    ``build``. docs/metrics.md is checked against this declaration (tests/test_architecture.py)."""
+
+    name: str
+    part: str | None = None
+    key: str | None = None
+
+    @property
+    def source(self) -> str | None:
+        return self.key or self.name if self.part else None
+
+
+RESULT, LOOPS, PROVENANCE = "result", "loops", "provenance"
+
+COLUMNS: list[C] = [
+    C("experiment"), C("server_id"), C("cell_id"), C("model"), C("spec_tokens"), C("spec_method"), C("workload"),
+    C("context_tokens"), C("concurrency"), C("status"), C("total_tok_s", RESULT, "output_throughput"), C("per_request_tok_s", RESULT),
+    C("ttft_ms", RESULT, "median_ttft_ms"), C("itl_ms", RESULT, "median_tbt_ms"), C("avg_active_requests", RESULT),
+    C("completed_requests", RESULT, "completed"), C("output_tokens", RESULT, "total_output_tokens"),
+    C("measured_s", RESULT), C("prompt_tok_s", RESULT),
+    C("spec_acceptance_rate", RESULT, "spec_decode_acceptance_rate"),
+    C("spec_acceptance_length", RESULT, "spec_decode_acceptance_length"), C("prefix_cache_hit_rate", RESULT),
+    C("cached_prompt_share", RESULT), C("loop_fraction", LOOPS), C("suspected_fraction", LOOPS),
+    C("loop_status_policy", LOOPS, "policy"), C("error", RESULT), C("vllm_version", PROVENANCE),
+    C("runtime_ref", PROVENANCE),
     # beyond the contract: what a reader of the matrix needs to trust a number
-    "max_tokens", "duration_s", "failed_requests", "num_requests", "p90_ttft_ms", "p99_ttft_ms",
-    "p90_itl_ms", "p99_itl_ms", "median_chunk_itl_ms", "kv_cache_size_tokens", "needed_kv_tokens",
-    "server_generation_tokens", "preemptions", "spec_decode_per_position_acceptance", "server_start_id",
-    "started_at", "hostname", "slurm_job_id",
-    "mean_ttft_ms", "p95_ttft_ms", "corpus", "shared_prefix", "ignore_eos", "server_metrics", "token_count_gap",
-    "server_running_mean", "prefix_cache_hits", "prefix_cache_queries",
+    C("max_tokens"), C("duration_s"), C("failed_requests", RESULT, "failed"), C("num_requests", RESULT),
+    C("p90_ttft_ms", RESULT), C("p99_ttft_ms", RESULT),
+    C("p90_itl_ms", RESULT, "p90_tbt_ms"), C("p99_itl_ms", RESULT, "p99_tbt_ms"),
+    C("median_chunk_itl_ms", RESULT, "median_itl_ms"), C("kv_cache_size_tokens", RESULT),
+    C("needed_kv_tokens", RESULT),
+    C("server_generation_tokens", RESULT), C("preemptions", RESULT),
+    C("spec_decode_per_position_acceptance", RESULT), C("server_start_id", PROVENANCE),
+    C("started_at", RESULT), C("hostname", PROVENANCE), C("slurm_job_id"),
+    C("mean_ttft_ms", RESULT), C("p95_ttft_ms", RESULT), C("corpus"), C("shared_prefix"), C("ignore_eos", RESULT),
+    C("server_metrics", RESULT), C("token_count_gap", RESULT),
+    C("server_running_mean", RESULT), C("prefix_cache_hits", RESULT), C("prefix_cache_queries", RESULT),
     # loops (docs/decisions/0003): the figure over the requests that did not loop, and trust in acceptance
-    "looped_requests", "total_tok_s_non_looping", "spec_acceptance_reliable", "spec_acceptance_client",
-    "spec_acceptance_before_loop", "loops_after_natural_end",
-    "prompt_format",
+    C("looped_requests", LOOPS), C("total_tok_s_non_looping", LOOPS, "output_throughput_non_looping"),
+    C("spec_acceptance_reliable", LOOPS), C("spec_acceptance_client", LOOPS),
+    C("spec_acceptance_before_loop", LOOPS), C("loops_after_natural_end", LOOPS),
+    C("prompt_format", RESULT),
     # seed experiments: the sweep a server config belongs to and its point ("path=label; ..."), the API used
-    "sweep", "sweep_point", "api",
+    C("sweep"), C("sweep_point"), C("api"),
     # repeats: the main figures are the median of a cell's repeats; their 95 % interval (Student's t
     # for the mean of the repeats) and coefficient of variation; each repeat's figure; why a status
-    "repeats", *SPREAD_COLUMNS, "total_tok_s_repeats", "ttft_ms_repeats", "status_reason",
+    C("repeats"), *(C(c) for c in SPREAD_COLUMNS), C("total_tok_s_repeats"), C("ttft_ms_repeats"),
+    C("status_reason", LOOPS),
     # decode: the steady part of the window (total_tok_s) against the whole window; how the streams came
-    "total_tok_s_window", "steady_fraction", "delivery", "delivery_burst_share",
+    C("total_tok_s_window", RESULT, "output_throughput_window"), C("steady_fraction", RESULT), C("delivery"),
+    C("delivery_burst_share", RESULT),
     # a GPU pool: the pool's GPUs the server held, and the other cells that measured during this one
-    "server_gpus", "ran_beside",
+    C("server_gpus"), C("ran_beside"),
     # decisions: the server's GPUs (tensor x pipeline parallel; 0 on the CPU) and output tok/s per
     # GPU (the whole server's on the CPU); on the Pareto frontier of tok/s per user against it; the cell's
     # first latency target (a search cell's: its own) with the share of requests that met it, whether it holds
     # at its percentile, and the goodput of the requests that met it (every target: decisions.parquet)
-    "gpus", "tok_s_per_gpu", "tok_s_per_user", "on_pareto", "slo", "slo_met", "slo_attainment", "goodput_rps",
-    "goodput_tok_s", "goodput_tok_s_ci_low", "goodput_tok_s_ci_high",
+    C("gpus"), C("tok_s_per_gpu"), C("tok_s_per_user"), C("on_pareto"), C("slo"), C("slo_met"), C("slo_attainment"),
+    C("goodput_rps"),
+    C("goodput_tok_s"), C("goodput_tok_s_ci_low"), C("goodput_tok_s_ci_high"),
     # GPU telemetry over the measurement window (NVML; null where absent) and the decode roofline
-    *TELEMETRY_COLUMNS, "gpu_per_gpu", "model_weights_gib",
+    *(C(c, RESULT) for c in TELEMETRY_COLUMNS), C("gpu_per_gpu"), C("model_weights_gib", PROVENANCE),
     # each workload kind's own columns (prefix cache: the cold pass; decode: the roofline)
-    *(c for name in workloads.names() for c in workloads.get(name).matrix_columns),
+    *(C(c) for name in workloads.names() for c in workloads.get(name).matrix_columns),
 ]
-
-
-# matrix columns read as they are from a cell's JSON: column -> key, by the part of the JSON it is in
-FROM_RESULT = {
-    "total_tok_s_window": "output_throughput_window", "steady_fraction": "steady_fraction",
-    "delivery_burst_share": "delivery_burst_share", "total_tok_s": "output_throughput",
-    "per_request_tok_s": "per_request_tok_s", "ttft_ms": "median_ttft_ms", "itl_ms": "median_tbt_ms",
-    "avg_active_requests": "avg_active_requests", "completed_requests": "completed",
-    "output_tokens": "total_output_tokens", "measured_s": "measured_s", "prompt_tok_s": "prompt_tok_s",
-    "spec_acceptance_rate": "spec_decode_acceptance_rate", "spec_acceptance_length": "spec_decode_acceptance_length",
-    "prefix_cache_hit_rate": "prefix_cache_hit_rate", "cached_prompt_share": "cached_prompt_share",
-    "error": "error", "failed_requests": "failed",
-    "num_requests": "num_requests", "p90_ttft_ms": "p90_ttft_ms", "p99_ttft_ms": "p99_ttft_ms",
-    "p90_itl_ms": "p90_tbt_ms", "p99_itl_ms": "p99_tbt_ms", "median_chunk_itl_ms": "median_itl_ms",
-    "kv_cache_size_tokens": "kv_cache_size_tokens", "needed_kv_tokens": "needed_kv_tokens",
-    "server_generation_tokens": "server_generation_tokens", "preemptions": "preemptions",
-    "spec_decode_per_position_acceptance": "spec_decode_per_position_acceptance", "started_at": "started_at",
-    "mean_ttft_ms": "mean_ttft_ms", "p95_ttft_ms": "p95_ttft_ms", "ignore_eos": "ignore_eos",
-    "server_metrics": "server_metrics", "token_count_gap": "token_count_gap",
-    "server_running_mean": "server_running_mean", "prefix_cache_hits": "prefix_cache_hits",
-    "prefix_cache_queries": "prefix_cache_queries", "prompt_format": "prompt_format",
-    **{k: k for k in TELEMETRY_COLUMNS},
-}
-FROM_LOOPS = {
-    "status_reason": "status_reason", "loop_fraction": "loop_fraction", "suspected_fraction": "suspected_fraction",
-    "loop_status_policy": "policy", "looped_requests": "looped_requests",
-    "total_tok_s_non_looping": "output_throughput_non_looping", "spec_acceptance_reliable": "spec_acceptance_reliable",
-    "spec_acceptance_client": "spec_acceptance_client", "spec_acceptance_before_loop": "spec_acceptance_before_loop",
-    "loops_after_natural_end": "loops_after_natural_end",
-}
-FROM_PROVENANCE = {
-    "vllm_version": "vllm_version", "runtime_ref": "runtime_ref", "server_start_id": "server_start_id",
-    "hostname": "hostname", "model_weights_gib": "model_weights_gib",
-}
+MATRIX_COLUMNS = [c.name for c in COLUMNS]
+# the columns read as they are, by the part of the cell's JSON they come from: column -> key
+FROM = {part: {c.name: c.source for c in COLUMNS if c.part == part} for part in (RESULT, LOOPS, PROVENANCE)}
 
 
 def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
@@ -136,9 +136,9 @@ def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
         "status": loops["cell_status"],
         "api": res.get("api", "completions"),  # before the chat API, every cell's
         **spread_fields(res),
-        **{col: res.get(key) for col, key in FROM_RESULT.items()},
-        **{col: loops.get(key) for col, key in FROM_LOOPS.items()},
-        **{col: prov.get(key) for col, key in FROM_PROVENANCE.items()},
+        **{col: res.get(key) for col, key in FROM[RESULT].items()},
+        **{col: loops.get(key) for col, key in FROM[LOOPS].items()},
+        **{col: prov.get(key) for col, key in FROM[PROVENANCE].items()},
         "server_gpus": ",".join(prov.get("server_gpus") or []) or None,
         "ran_beside": "; ".join(f"{b['server_id']}/{b['cell']}" for b in res.get("beside") or []) or None,
         # decided here from the measured share (a new threshold re-derives it, never re-measures)

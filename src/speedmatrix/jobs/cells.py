@@ -28,6 +28,7 @@ from ..core import atomic
 from ..core.errors import CellError
 from ..core.settings import ClientSettings
 from ..measure import client, datasets, loops, metrics, prompts, stats, telemetry
+from ..measure import records as requests_table
 from ..workloads import Cell, CellRun
 from .job import JobContext
 
@@ -390,48 +391,8 @@ async def measure(cell: Cell, inp: MeasureInput) -> tuple[dict[str, Any], list[c
 
 
 def request_table(records: list[client.RequestRecord], ident: dict[str, Any]) -> pd.DataFrame:
-    rows = []
-    for r in records:
-        rows.append({
-            **ident,
-            "request_index": r.index,
-            "worker": r.worker,
-            "prompt_tokens": r.prompt_tokens,
-            "start_s": r.start,
-            "ttft_ms": r.ttft_s * 1000 if r.ttft_s is not None else None,
-            "end_s": r.end,
-            "output_tokens": r.output_tokens,
-            "chunks": len(r.chunk_times),
-            "finish_reason": r.finish_reason,
-            "cut_at_window_end": r.cut_at_window_end,
-            "error": r.error,
-            "tokens_reconciled": r.tokens_reconciled,
-            "prompt_format": r.prompt_format,
-            "server_prompt_tokens": r.server_prompt_tokens,
-            "loop_detected_at_token": r.loop_detected_at_token,
-            "natural_end_char": r.natural_end_char,
-            "stopped_for_loop": r.stopped_for_loop,
-            # per streamed event: tokens and characters (a loop's onset in tokens comes from them)
-            "chunk_tokens": r.chunk_tokens,
-            "chunk_chars": r.chunk_chars,
-            "phase": r.phase,
-            "repeat": r.repeat,
-            "scheduled_s": r.scheduled,
-            "counted": r.counted,
-            "category": r.category,
-            "request_max_tokens": r.max_tokens,
-            "cached_tokens": r.cached_tokens,
-            "session": r.session,
-            "turn": r.turn,
-            "text": r.text,
-        })
-    cols = ["request_index", "worker", "prompt_tokens", "start_s", "ttft_ms", "end_s", "output_tokens", "chunks",
-            "finish_reason", "cut_at_window_end", "error", "tokens_reconciled", "prompt_format", "server_prompt_tokens",
-            "loop_detected_at_token",
-            "natural_end_char",
-            "stopped_for_loop", "chunk_tokens", "chunk_chars", "phase", "repeat", "scheduled_s", "counted", "category",
-            "request_max_tokens", "cached_tokens", "session", "turn", "text"]
-    return pd.DataFrame(rows, columns=list(ident) + cols)
+    """``requests.parquet``: the cell's identity columns, then every column of ``records.COLUMNS``."""
+    return requests_table.frame(records, ident=ident)
 
 
 def write(cell_json: str, requests_parquet: str, result: dict[str, Any], records: list[client.RequestRecord],
@@ -481,8 +442,14 @@ def gpu_env(launch: dict[str, Any], info: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def run(job: JobContext, cell_id: str, out_json: str, out_requests: str) -> dict:
+def run(job: JobContext, cell_spec: dict[str, Any], measured_with: dict[str, Any], loop_settings: dict[str, Any],
+        out_json: str, out_requests: str) -> dict:
     """The cell rule: acquire the server (starting it if needed), measure, write once.
+
+    The rule hands the job everything it needs: the cell (``Cell.as_dict``, with its dataset's spec under
+    ``dataset``), what the measurement depends on besides the cell and the launch (``Experiment.measured_with``:
+    the client settings, the loop thresholds when they end requests), and the loop thresholds the online watch
+    uses; the job expands nothing.
 
     A good measurement is first written to the experiment's durable store
     (``<results>/<experiment>/store/``, keyed by everything it depends on) and
@@ -491,15 +458,17 @@ def run(job: JobContext, cell_id: str, out_json: str, out_requests: str) -> dict
     cluster), the next run restores them from the store instead of measuring
     again, without starting a server.
     """
-    exp, launch, server_id = job.experiment, job.launch, job.server_id
-    cell = exp.cell(server_id, cell_id)
+    launch, server_id = job.launch, job.server_id
+    cell = Cell.from_dict(cell_spec)
+    cell_id = cell.id
+    client_cfg = ClientSettings(**measured_with["client"])
     progress = print
     progress(f"cell {server_id}/{cell_id}: {cell.as_dict()}")
     job.use_api_key()
-    spec = exp.dataset_of(cell)
+    spec = cell_spec.get("dataset")
     records, dataset_lock = datasets.load(cell.corpus, spec) if spec else (None, None)
     # a dataset cell's measurement depends on the dataset's content too (the others' keys stay as they were)
-    key = measurement_key(cell, launch, job.lock, {**exp.measured_with, **({"dataset": dataset_lock} if spec else {})})
+    key = measurement_key(cell, launch, job.lock, {**measured_with, **({"dataset": dataset_lock} if spec else {})})
     stored_json, stored_requests = store_paths(job.results, server_id, cell_id, key)
     if restore(stored_json, stored_requests, out_json, out_requests):
         doc = atomic.read_json(out_json)
@@ -510,7 +479,7 @@ def run(job: JobContext, cell_id: str, out_json: str, out_requests: str) -> dict
         startup = info["startup"]
         progress(f"server {server_id} start {startup['start_id']} at {info['url']} "
                  f"(KV cache {startup.get('kv_cache_size_tokens')} tokens)")
-        inp = MeasureInput(info["url"], launch["served_model_name"], exp.client, exp.loops, launch.get("eos_text"),
+        inp = MeasureInput(info["url"], launch["served_model_name"], client_cfg, loop_settings, launch.get("eos_text"),
                            gpu_env(launch, info), startup.get("kv_cache_size_tokens"), launch.get("model_dir"),
                            progress, dataset=records)
         result, records = asyncio.run(measure(cell, inp))
@@ -526,18 +495,18 @@ def run(job: JobContext, cell_id: str, out_json: str, out_requests: str) -> dict
     if dataset_lock:
         result["dataset"] = dataset_lock  # its source, revision and hash: part of the cell's provenance
     doc = {
-        "experiment": exp.name,
+        "experiment": job.experiment_name,
         "cell": cell.as_dict(),
         "server": {"server_id": server_id, "model": launch["model"], "spec_tokens": launch["spec_tokens"],
                    "spec_method": launch.get("spec_method"),
                    "served_model_name": launch["served_model_name"], "sweep": launch.get("sweep"),
                    "sweep_values": launch.get("sweep_values") or {}},
-        "client": exp.client.as_dict(),
+        "client": client_cfg.as_dict(),
         "result": result,
         "provenance": job.provenance(startup),
     }
     doc["measurement_key"] = key
-    ident = {"experiment": exp.name, "server_id": server_id, "cell_id": cell_id}
+    ident = {"experiment": job.experiment_name, "server_id": server_id, "cell_id": cell_id}
     stored_json.parent.mkdir(parents=True, exist_ok=True)
     write(str(stored_json), str(stored_requests), doc, records, ident)
     restore(stored_json, stored_requests, out_json, out_requests)

@@ -1,14 +1,17 @@
 """One job context for every rule that talks to a server config's server (cells, gates, reference).
 
-The experiment, its launch spec and runtime lock, the results root (where the
+The experiment's name, its launch spec and runtime lock, the results root (where the
 device lock and the registry of running servers live) and the experiment's
 results directory (its durable store) come from the rule's params and inputs,
-never from counting parent directories of a path.
+never from counting parent directories of a path. A cell job is handed its cell and
+settings by its rule and never loads the experiment; a gate or reference job loads it
+when it first asks (``experiment``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -20,7 +23,6 @@ from .. import __version__
 from ..core import atomic
 from ..core.errors import CellError
 from ..measure import client
-from ..plan import experiment
 from ..serve import server
 from ..serve.pool import Placement
 
@@ -52,7 +54,8 @@ def provenance(startup: dict[str, Any], runtime_lock: dict[str, Any], launch: di
 
 @dataclass
 class JobContext:
-    experiment: experiment.Experiment
+    experiment_name: str
+    experiments_dir: str
     server_id: str
     launch: dict[str, Any]
     lock: dict[str, Any]
@@ -67,7 +70,7 @@ class JobContext:
     def load(cls, experiment_name: str, experiments_dir: str, results_root: str, server_id: str,
              launch_path: str, lock_path: str, idle_timeout_s: float, placement: dict | None = None,
              label: str = "") -> JobContext:
-        return cls(experiment=experiment.load(experiment_name, experiments_dir), server_id=server_id,
+        return cls(experiment_name=experiment_name, experiments_dir=experiments_dir, server_id=server_id,
                    launch=atomic.read_json(launch_path), lock=atomic.read_json(lock_path),
                    results_root=Path(results_root).resolve(), idle_timeout_s=float(idle_timeout_s),
                    launch_path=Path(launch_path), placement=Placement.from_dict(placement), label=label)
@@ -83,10 +86,18 @@ class JobContext:
                         smk.input.launch, smk.input.lock, p.idle_timeout_s, getattr(p, "placement", None),
                         str(label))
 
+    @functools.cached_property
+    def experiment(self) -> Any:
+        """The experiment, loaded and checked on first use (the gate and reference jobs; a cell job's rule hands it
+        its cell and settings instead)."""
+        from ..plan import experiment
+
+        return experiment.load(self.experiment_name, self.experiments_dir)
+
     @property
     def results(self) -> Path:
         """``<results_root>/<experiment>``: this run's outputs and its durable store."""
-        return self.results_root / self.experiment.name
+        return self.results_root / self.experiment_name
 
     @property
     def server_dir(self) -> Path:
@@ -106,7 +117,7 @@ class JobContext:
     @contextlib.contextmanager
     def server(self, progress: Callable[[str], None] = print) -> Iterator[dict[str, Any]]:
         """Hold the device and this config's running server (started on first use) for the job."""
-        with server.acquire(self.results_root, self.experiment.name, self.server_id, self.launch,
+        with server.acquire(self.results_root, self.experiment_name, self.server_id, self.launch,
                             self.idle_timeout_s, progress, self.placement, self.label) as info:
             yield info
 

@@ -96,9 +96,13 @@ def targets(raw: dict[str, Any], source: str = "slos") -> list[Target]:
 
 # ---- per request ----------------------------------------------------------------------------------
 
+# the columns of a requests table (``records.COLUMNS``) a target is judged on
+READS = ("start_s", "end_s", "ttft_ms", "output_tokens", "error", "cut_at_window_end")
+
+
 def request_figures(reqs: pd.DataFrame) -> pd.DataFrame:
     """Per request: ttft_ms, tpot_ms, e2e_ms (completed requests), elapsed_ms, and whether it completed
-    or failed, from a requests table (``cells.request_table``'s columns)."""
+    or failed, from a requests table (its columns ``READS``)."""
     elapsed = (reqs["end_s"].astype(float) - reqs["start_s"].astype(float)) * 1000.0
     ttft = reqs["ttft_ms"].astype(float)
     tokens = reqs["output_tokens"].astype(float)

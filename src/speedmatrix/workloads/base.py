@@ -107,6 +107,14 @@ class Cell:
             **({"sampling": self.sampling_params} if self.sampling else {}),
         }
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Cell:
+        """The cell ``as_dict`` wrote (a rule hands its job the cell this way: the job expands nothing)."""
+        return cls(d["server_id"], d["workload"], int(d["context_tokens"]), int(d["concurrency"]),
+                   int(d["max_tokens"]), d["duration_s"], int(d["requests"]), d["shared_prefix"], d["corpus"],
+                   int(d["repeats"]), json.dumps(d["options"], sort_keys=True) if "options" in d else "",
+                   json.dumps(d["sampling"], sort_keys=True) if "sampling" in d else "")
+
 
 @dataclass
 class CellRun:

@@ -24,6 +24,7 @@ from ..core import fmt
 from ..core.settings import defaults_of
 from ..core.table import Table
 from ..measure import client, slo, stats
+from ..measure import records as requests_table
 from . import search as engine
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
 
@@ -49,15 +50,8 @@ class Step:
 
 
 def frame(records: list[client.RequestRecord]) -> pd.DataFrame:
-    """The columns speedmatrix.measure.slo reads, from request records (as cells.request_table writes them)."""
-    return pd.DataFrame({
-        "start_s": [r.start for r in records],
-        "end_s": [r.end for r in records],
-        "ttft_ms": [r.ttft_s * 1000 if r.ttft_s is not None else None for r in records],
-        "output_tokens": [r.output_tokens for r in records],
-        "error": [r.error for r in records],
-        "cut_at_window_end": [r.cut_at_window_end for r in records],
-    })
+    """The columns a latency target reads (``slo.READS``), from request records as the requests table has them."""
+    return requests_table.frame(records, slo.READS)
 
 
 def near_limit(figures: dict[str, Any], target: slo.Target, margin: float) -> bool:
