@@ -8,6 +8,7 @@ from speedmatrix.serve import broker as sm_broker
 from speedmatrix.report import charts as sm_charts
 from speedmatrix.plan import experiment as sm_experiment
 from speedmatrix.serve import pool as sm_pool
+from speedmatrix.jobs import gates as sm_gates
 from speedmatrix.jobs import preflight as sm_preflight
 from speedmatrix.serve import procs as sm_procs
 from speedmatrix.serve import runtimes as sm_runtimes
@@ -27,7 +28,7 @@ WORKLOADS = sm_workloads.names()
 GATES = list(EXP.raw.get("gates", {}))
 CELLS = EXP.cells()
 PACKAGES_SHA256 = sm_runtimes.packages_digest()
-IDLE_TIMEOUT_S = float(config.get("server_idle_timeout_s", 900))
+IDLE_TIMEOUT_S = float(config["server_idle_timeout_s"])
 # The node's GPU pool (config `gpus`, else NVML's count on a GPU runtime; none on the
 # CPU): configs on disjoint GPUs measure side by side (speedmatrix.serve.pool, docs/gpu.md).
 # Snakemake's `device` resource has one unit per GPU of the pool (1 without a pool)
@@ -74,7 +75,7 @@ wildcard_constraints:
     # a cell id without its kind (each kind has its rule, rules/cells.smk)
     cell_key=sm_workloads.CELL_KEY_PATTERN,
     model="[A-Za-z0-9][A-Za-z0-9_.-]*",
-    gate="smoke|structured_json|tool_calls",
+    gate="|".join(sm_gates.GATES),
 
 
 def results_root(wildcards):

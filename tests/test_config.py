@@ -178,3 +178,13 @@ def test_a_cell_handed_to_its_job_is_the_cell_the_experiment_expands():
             seen.append(cell)
     # kinds' own options and sampled cells went through the dict too
     assert len({c.workload for c in seen}) >= 10 and any(c.options for c in seen) and any(c.sampling for c in seen)
+
+
+def test_the_gates_are_one_table():
+    """The gates' names come from jobs/gates.py's table (the rules' wildcard, the report's columns); the schema's
+    ``gates`` block has a key for each and no other."""
+    from speedmatrix.core.settings import schema
+    from speedmatrix.jobs import gates
+
+    assert set(schema("experiment")["properties"]["gates"]["properties"]) == set(gates.GATES)
+    assert all(g.label and callable(g.check) for g in gates.GATES.values())

@@ -58,7 +58,8 @@ RESULT, LOOPS, PROVENANCE = "result", "loops", "provenance"
 
 COLUMNS: list[C] = [
     C("experiment"), C("server_id"), C("cell_id"), C("model"), C("spec_tokens"), C("spec_method"), C("workload"),
-    C("context_tokens"), C("concurrency"), C("status"), C("total_tok_s", RESULT, "output_throughput"), C("per_request_tok_s", RESULT),
+    C("context_tokens"), C("concurrency"), C("status"), C("total_tok_s", RESULT, "output_throughput"),
+    C("per_request_tok_s", RESULT),
     C("ttft_ms", RESULT, "median_ttft_ms"), C("itl_ms", RESULT, "median_tbt_ms"), C("avg_active_requests", RESULT),
     C("completed_requests", RESULT, "completed"), C("output_tokens", RESULT, "total_output_tokens"),
     C("measured_s", RESULT), C("prompt_tok_s", RESULT),

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
@@ -34,8 +36,6 @@ from ..core import atomic, http
 from ..core.settings import section_defaults
 from ..measure import client
 from .job import JobContext
-
-GATES = ("smoke", "structured_json", "tool_calls")
 
 SMOKE_PROMPT = "Reply with one short sentence: what is the capital of France?"
 JSON_PROMPT = ("Describe the city of Paris as a JSON object with the keys name (a string), country (a string) "
@@ -138,11 +138,23 @@ def tool_calls(url, model, headers, settings, chat_kwargs, timeout) -> dict[str,
             "valid": ok, "count": count, "failures": failures[:10]}
 
 
+@dataclass(frozen=True)
+class Gate:
+    label: str  # the report's column
+    check: Callable[..., dict[str, Any]]
+
+
+# the gates, in the report's order: the one list of their names (the schema's ``gates`` block has a key for each:
+# tests/test_config.py)
+GATES = {"smoke": Gate("Smoke", smoke), "structured_json": Gate("Structured JSON", structured_json),
+         "tool_calls": Gate("Tool calls", tool_calls)}
+
+
 def run(gate: str, url: str, model: str, headers: dict[str, str], settings: dict[str, Any],
         chat_template_kwargs: dict[str, Any] | None = None, timeout: float = 600.0) -> dict[str, Any]:
     """One gate against a running server: its verdict, never an exception for a wrong answer."""
     chat_kwargs = {"chat_template_kwargs": chat_template_kwargs} if chat_template_kwargs else {}
-    func = {"smoke": smoke, "structured_json": structured_json, "tool_calls": tool_calls}[gate]
+    func = GATES[gate].check
     settings = section_defaults("gates", {gate: settings})[gate]  # the schema's defaults for what is not given
     t0 = time.monotonic()
     try:

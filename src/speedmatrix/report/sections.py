@@ -11,6 +11,7 @@ import pandas as pd
 from .. import workloads
 from ..core import fmt
 from ..core.table import Para, Table
+from ..jobs.gates import GATES
 from ..judge.loopcheck import steps_of
 from ..peers import OURS, normalized
 
@@ -384,7 +385,6 @@ def _error_line(error: str) -> str:
     return (lines or [""])[-1][:300]
 
 
-GATE_LABELS = {"smoke": "Smoke", "structured_json": "Structured JSON", "tool_calls": "Tool calls"}
 
 
 def category_table(matrix: pd.DataFrame, requests: pd.DataFrame | None) -> Table | None:
@@ -425,8 +425,8 @@ def gate_verdict_text(gate: str, d: dict[str, Any]) -> str:
 
 def gates_table(gates: list[dict[str, Any]]) -> Table:
     """Seed 003's quality gates: one row per server config, PASS or FAIL with the reason."""
-    names = [g for g in GATE_LABELS if any(d["gate"] == g for d in gates)]
-    t = Table(["Server config", *(GATE_LABELS[g] for g in names)])
+    names = [g for g in GATES if any(d["gate"] == g for d in gates)]
+    t = Table(["Server config", *(GATES[g].label for g in names)])
     for sid in sorted({d["server_id"] for d in gates}):
         vals = []
         for g in names:
