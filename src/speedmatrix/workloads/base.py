@@ -221,8 +221,9 @@ class Workload:
 
     def needed_kv_tokens(self, cell: Cell) -> int:
         """KV tokens the cell needs at once: every request at full context plus its output cap
-        (more than the server has: the cell is over capacity and not sent)."""
-        return cell.concurrency * (cell.context_tokens + cell.max_tokens)
+        (more than the server has: the cell is over capacity and not sent). An open-loop cell holds no
+        concurrency: one request's, and the server queues what does not fit."""
+        return (1 if self.open_loop else cell.concurrency) * (cell.context_tokens + cell.max_tokens)
 
     def reference_load(self, cell: Cell) -> dict[str, Any]:
         """What the reference rule asks the other clients for (speedmatrix.peers.Load's fields beside the
@@ -239,8 +240,8 @@ class Workload:
 
     def in_flight_bound(self, cell: Cell, sent: int) -> int:
         """The most requests of this cell the server may hold at once (running + waiting) when ``sent`` were
-        sent: more means someone else's requests were served during the cell."""
-        return cell.concurrency
+        sent: more means someone else's requests were served during the cell. An open loop holds no cap."""
+        return sent if self.open_loop else cell.concurrency
 
     # ---- latency targets -----------------------------------------------------
     def slo_targets(self, cell: dict[str, Any], targets: list) -> list:

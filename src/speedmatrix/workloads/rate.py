@@ -78,13 +78,6 @@ class Rate(Workload):
     def id_suffix(self, cell: Cell) -> str:
         return f"-r{cell.opts['rate']:g}-{arrival_of(cell).label()}"
 
-    def needed_kv_tokens(self, cell: Cell) -> int:
-        """One request's: an open-loop cell holds no concurrency; the server queues what does not fit."""
-        return cell.context_tokens + cell.max_tokens
-
-    def in_flight_bound(self, cell: Cell, sent: int) -> int:
-        return sent
-
     def reference_load(self, cell: Cell) -> dict[str, Any]:
         """What the other clients of the reference rule are asked for: every request of the schedule, at the
         rate, on gamma gaps of the cell's shape (Poisson: 1). They have no warm-up rule: the reference measures

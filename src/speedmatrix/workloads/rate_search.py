@@ -108,12 +108,6 @@ class RateSearch(TargetSearch):
     def id_suffix(self, cell: Cell) -> str:
         return f"-for-{cell.opts['slo']}"
 
-    def needed_kv_tokens(self, cell: Cell) -> int:
-        return cell.context_tokens + cell.max_tokens  # one request's; the server queues the rest
-
-    def in_flight_bound(self, cell: Cell, sent: int) -> int:
-        return sent
-
     async def prepare(self, run: CellRun) -> None:
         return None  # each step builds its prompts before its clock starts
 

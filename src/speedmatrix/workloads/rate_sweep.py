@@ -86,12 +86,6 @@ class RateSweep(Workload):
     def id_suffix(self, cell: Cell) -> str:
         return f"-for-{cell.opts['slo']}"
 
-    def in_flight_bound(self, cell: Cell, sent: int) -> int:
-        return sent  # its open-loop steps hold no cap
-
-    def needed_kv_tokens(self, cell: Cell) -> int:
-        return cell.context_tokens + cell.max_tokens  # one request's; the throughput step is capped by the cache
-
     async def prepare(self, run: CellRun) -> None:
         return None  # each step builds its prompts before its clock starts
 

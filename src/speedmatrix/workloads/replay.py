@@ -58,12 +58,6 @@ class Replay(Workload):
     def id_suffix(self, cell: Cell) -> str:
         return f"-x{cell.opts['time_scale']:g}"
 
-    def needed_kv_tokens(self, cell: Cell) -> int:
-        return cell.context_tokens + cell.max_tokens  # one request's; the server queues the rest
-
-    def in_flight_bound(self, cell: Cell, sent: int) -> int:
-        return sent
-
     def requests(self, run: CellRun) -> tuple[list[traces.TraceRequest], int]:
         """The window's requests that fit the context, and how many did not."""
         o = run.cell.opts

@@ -49,12 +49,6 @@ class ReplaySearch(TargetSearch):
     def id_suffix(self, cell: Cell) -> str:
         return f"-for-{cell.opts['slo']}"
 
-    def needed_kv_tokens(self, cell: Cell) -> int:
-        return cell.context_tokens + cell.max_tokens
-
-    def in_flight_bound(self, cell: Cell, sent: int) -> int:
-        return sent
-
     async def prepare(self, run: CellRun) -> tuple[list, list, int]:
         return await Replay.prepare(self, run)
 
