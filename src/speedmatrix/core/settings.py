@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import yaml
+
+if TYPE_CHECKING:
+    import jsonschema
 
 
 def schema_path(name: str) -> Path:
@@ -51,7 +53,10 @@ def apply_defaults(data: Any, node: dict[str, Any], root: dict[str, Any],
     place and recursively; where the schema says one of several shapes (``oneOf``/``anyOf``), the
     defaults of the shape ``data`` has. ``data`` must already be valid against ``node``."""
     node = _deref(node, root)
-    validator = validator or jsonschema.Draft202012Validator(root)  # one for the whole walk
+    if validator is None:  # one for the whole walk; imported here: reading settings needs no validator
+        import jsonschema
+
+        validator = jsonschema.Draft202012Validator(root)
     if isinstance(data, dict):
         props = node.get("properties", {})
         for key, sub in props.items():

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError
-from ..plan.experiment import Experiment
+
+if TYPE_CHECKING:  # types only: a cell job holds a Placement, not an experiment
+    from ..plan.experiment import Experiment
 
 WHOLE_DEVICE = "device"
 

@@ -15,9 +15,10 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..plan.experiment import Experiment, ServerConfig
+if TYPE_CHECKING:  # types only: a cell job that starts a server needs no experiment
+    from ..plan.experiment import Experiment, ServerConfig
 
 SECRET_FLAGS = {"--api-key", "--hf-token", "--token"}
 SECRET_ENV_HINTS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
