@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Measure the set-up and run times of a fresh clone: install, first run, no-op run.
 
-    python3 bench/make_run_times.py [--cold] [--keep] [--out bench/results/make_run_times.json]
+    python3 bench/make_run_times.py [--cold] [--keep] [--rev REV] [--out bench/results/make_run_times.json]
 
-Clones the committed HEAD into a scratch directory (a fresh clone: no .venv,
-no results, no models), then times the install `make run` does (the package
+Clones the committed HEAD (or ``--rev``, to measure an earlier commit the same way) into a scratch
+directory (a fresh clone: no .venv, no results, no models), then times the install `make run` does (the package
 and its engine, without the test tools), `make run` (the default
 experiment) and a second `make run` that has nothing to do, counts the server
 starts, and splits the first run's wall time with `speedmatrix walltime`.
@@ -46,11 +46,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keep", action="store_true", help="keep the scratch clone")
     ap.add_argument("--cold", action="store_true", help="empty package and vLLM caches (see above)")
+    ap.add_argument("--rev", default="HEAD", help="the commit to clone (default: HEAD)")
     ap.add_argument("--out", default=str(REPO / "bench/results/make_run_times.json"))
     ns = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="speedmatrix-bench-"))
     clone = scratch / "speedmatrix"
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
+    subprocess.run(["git", "checkout", "--quiet", ns.rev], cwd=clone, check=True)
     result: dict = {"commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True,
                                              text=True).stdout.strip(),
                     "machine": f"{platform.machine()}, {os.cpu_count()} cores",
@@ -86,6 +88,14 @@ def main() -> int:
     over = subprocess.run([str(clone / ".venv/bin/speedmatrix"), "walltime", str(res)],
                           capture_output=True, text=True)
     result["first_run_split"] = over.stdout.strip().splitlines()
+    split = subprocess.run([str(clone / ".venv/bin/speedmatrix"), "walltime", str(res), "--out",
+                            str(scratch / "w.json")], capture_output=True, text=True)
+    if split.returncode == 0 and (scratch / "w.json").exists():
+        parts = json.loads((scratch / "w.json").read_text())
+        inside = next((v for k, v in parts["parts_s"].items() if k.startswith("cell jobs outside")), None)
+        result["cell_job_outside_window_s_per_cell"] = round(inside / parts["cells"], 2) if parts["cells"] else None
+    if ns.keep:
+        result["kept"] = str(clone)
     Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
     Path(ns.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
