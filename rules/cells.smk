@@ -10,8 +10,7 @@ for kind in WORKLOADS:
         name:
             kind
         input:
-            launch=f"{RESULTS}/servers/{{server_id}}/launch.json",
-            lock=f"{RESULTS}/runtime.lock.json",
+            **server_job_input(),
             dataset=dataset_file_of(kind),
         output:
             json=f"{RESULTS}/cells/{{server_id}}/{kind}-{{cell_key}}.json",
@@ -29,20 +28,11 @@ for kind in WORKLOADS:
         # timings); on a cluster, the CPUs of the allocation (config.yaml: cluster)
         threads: job_threads
         resources:
-            **SERVER_LANES,
-            device=device_of(kind),
-            # GPUs of the server config (tensor x pipeline parallel; 0 on a CPU runtime)
-            gpu=server_gpus,
-            mem_mb=config["cluster"]["job_mem_mb"],
-            runtime=config["cluster"]["job_runtime_min"],
+            **server_job_resources(kind),
         params:
+            **server_job_params(kind),
             cell_id=cell_id_of(kind),
             cell=cell_spec_of(kind),
-            experiment=config["experiment"],
-            experiments_dir=config["experiments_dir"],
-            results_root=results_root,
-            idle_timeout_s=IDLE_TIMEOUT_S,
-            placement=placement_of(kind),
             measured_with=EXP.measured_with,
             # the loop thresholds the online watch uses (they are part of measured_with only where they end
             # requests: client.stop_looping)

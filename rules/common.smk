@@ -290,3 +290,35 @@ def chart_outputs():
             category="Charts",
         )
     return out
+
+
+# What every job that talks to a server config's server asks for (a cell of any kind, a gate, a reference
+# round), written once for the three rules: the launch spec and runtime lock it reads, the resources it holds
+# (the config's lane, the device or its GPUs, a cluster job's memory and time) and the params its JobContext
+# is built from (jobs/job.py).
+def server_job_input():
+    return {
+        "launch": f"{RESULTS}/servers/{{server_id}}/launch.json",
+        "lock": f"{RESULTS}/runtime.lock.json",
+    }
+
+
+def server_job_resources(kind):
+    return {
+        **SERVER_LANES,
+        "device": device_of(kind),
+        # GPUs of the server config (tensor x pipeline parallel; 0 on a CPU runtime)
+        "gpu": server_gpus,
+        "mem_mb": config["cluster"]["job_mem_mb"],
+        "runtime": config["cluster"]["job_runtime_min"],
+    }
+
+
+def server_job_params(kind):
+    return {
+        "experiment": config["experiment"],
+        "experiments_dir": config["experiments_dir"],
+        "results_root": results_root,
+        "idle_timeout_s": IDLE_TIMEOUT_S,
+        "placement": placement_of(kind),
+    }

@@ -3,8 +3,7 @@
 # report, not a failed job.
 rule gate:
     input:
-        launch=f"{RESULTS}/servers/{{server_id}}/launch.json",
-        lock=f"{RESULTS}/runtime.lock.json",
+        **server_job_input(),
     output:
         f"{RESULTS}/gates/{{server_id}}/{{gate}}.json",
     log:
@@ -19,17 +18,9 @@ rule gate:
     # job on a shared core skews a CPU server's timings); on a cluster, the allocation's CPUs
     threads: job_threads
     resources:
-        **SERVER_LANES,
-        device=device_of("gate"),
-        gpu=server_gpus,
-        mem_mb=config["cluster"]["job_mem_mb"],
-        runtime=config["cluster"]["job_runtime_min"],
+        **server_job_resources("gate"),
     params:
-        experiment=config["experiment"],
-        experiments_dir=config["experiments_dir"],
-        results_root=results_root,
-        idle_timeout_s=IDLE_TIMEOUT_S,
-        placement=placement_of("gate"),
+        **server_job_params("gate"),
         gate=gate_settings,
     script:
         "../workflow/scripts/gate.py"

@@ -3,8 +3,7 @@
 # alternation (speedmatrix.jobs.reference).
 rule reference:
     input:
-        launch=f"{RESULTS}/servers/{{server_id}}/launch.json",
-        lock=f"{RESULTS}/runtime.lock.json",
+        **server_job_input(),
     output:
         f"{RESULTS}/reference/{{server_id}}/{{cell_id}}.json",
     log:
@@ -19,16 +18,8 @@ rule reference:
     # job on a shared core skews a CPU server's timings); on a cluster, the allocation's CPUs
     threads: job_threads
     resources:
-        **SERVER_LANES,
-        device=device_of("reference"),
-        gpu=server_gpus,
-        mem_mb=config["cluster"]["job_mem_mb"],
-        runtime=config["cluster"]["job_runtime_min"],
+        **server_job_resources("reference"),
     params:
-        experiment=config["experiment"],
-        experiments_dir=config["experiments_dir"],
-        results_root=results_root,
-        idle_timeout_s=IDLE_TIMEOUT_S,
-        placement=placement_of("reference"),
+        **server_job_params("reference"),
     script:
         "../workflow/scripts/reference.py"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+
+import pytest
 
 from speedmatrix import cli
 from speedmatrix.report import walltime as overhead
@@ -72,3 +75,24 @@ def test_start_ups_and_windows_side_by_side_count_once(tmp_path):
     got = overhead.analyse(run)
     assert got["wall_s"] == 90 and got["busy_s"] == 80.0 and got["side_by_side_s"] == 80.0
     assert got["overhead_s"] == 10.0
+
+
+def test_millisecond_stamps_split_to_the_millisecond(tmp_path):
+    """A job's log stamps carry milliseconds: a cell job's time outside its window is read to them, not to a
+    second a job."""
+    from speedmatrix.core import logs
+
+    run = tmp_path / "run"
+    with logs.to_file(run / "logs/probe.log"):
+        print("a line")
+    assert re.match(r"^\[\d\d:\d\d:\d\d\.\d{3}\] a line$", (run / "logs/probe.log").read_text().strip())
+    (run / "logs/probe.log").unlink()
+    write_log(run / "logs/cells/base/decode-a.log", "10:00:00.250", "10:00:21.650")  # 21.4 s: 20 s window
+    write_log(run / "logs/report.log", "10:00:22.000", "10:00:22.500")
+    (run / "cells/base").mkdir(parents=True)
+    (run / "cells/base/decode-a.json").write_text(json.dumps({"result": {"measured_s": 20.0}}))
+    got = overhead.analyse(run)
+    assert got["wall_s"] == pytest.approx(22.25)
+    parts = list(got["parts_s"].values())  # each to the millisecond (a span ends a millisecond after its stamp)
+    assert parts[2] == pytest.approx(1.4, abs=0.002) and parts[4] == pytest.approx(0.5, abs=0.002)
+    assert sum(parts) == pytest.approx(22.25, abs=0.002)

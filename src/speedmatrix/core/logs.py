@@ -20,8 +20,9 @@ class _Stamped:
 
     def write(self, s: str) -> int:
         for part in s.splitlines(keepends=True):
-            if self.at_line_start:
-                self.fh.write(time.strftime("[%H:%M:%S] "))
+            if self.at_line_start:  # the time of day to the millisecond (speedmatrix walltime reads it)
+                now = time.time()
+                self.fh.write(time.strftime("[%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}] ")
             self.fh.write(part)
             self.at_line_start = part.endswith("\n")
         self.fh.flush()

@@ -26,13 +26,13 @@ _SAME = [(re.compile(r" earlier in this run"), "")]
 def cause_of(log: Path) -> str:
     lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     for line in reversed(lines):
-        text = re.sub(r"^\[\d\d:\d\d:\d\d\] ", "", line)
+        text = re.sub(r"^\[\d\d:\d\d:\d\d(\.\d+)?\] ", "", line)
         if text.startswith("ERROR: "):
             cause = text[len("ERROR: "):]
             for pattern, repl in _SAME:
                 cause = pattern.sub(repl, cause)
             return cause
-    return re.sub(r"^\[\d\d:\d\d:\d\d\] ", "", lines[-1]) if lines else "(empty log)"
+    return re.sub(r"^\[\d\d:\d\d:\d\d(\.\d+)?\] ", "", lines[-1]) if lines else "(empty log)"
 
 
 DONE, FAILED, NOT_RUN = "done", "failed", "not_run"

@@ -3,7 +3,8 @@
     speedmatrix walltime results/<experiment> [--out walltime.json]
 
 Reads only what every run leaves behind: each job's log under ``logs/`` (every line starts with the time of
-day, ``[HH:MM:SS]``), ``servers/<id>/starts.jsonl`` (each start's ``startup_seconds``) and the cell JSONs
+day, ``[HH:MM:SS.mmm]``, or ``[HH:MM:SS]`` in a run of an earlier version), ``servers/<id>/starts.jsonl``
+(each start's ``startup_seconds``) and the cell JSONs
 (``measured_s``: the cell's measurement windows, repeats summed, as each kind records it: a prefix-cache
 cell's warm pass only, a search's every step; prefill cells record none, so their requests count as overhead).
 Wall time is the first log line to the last (one-second resolution; a run past midnight is unwrapped). Inside
@@ -20,17 +21,26 @@ import re
 from datetime import datetime, timedelta
 from pathlib import Path
 
-STAMP = re.compile(r"^\[(\d\d):(\d\d):(\d\d)\]")
+STAMP = re.compile(r"^\[(\d\d):(\d\d):(\d\d)(\.\d+)?\]")
 
 
-def log_span(path: Path) -> tuple[int, int] | None:
+def resolution(path: Path) -> float:
+    """The seconds a log's stamps resolve: 0.001 (milliseconds), or 1 in a run of an earlier version."""
+    for line in path.read_text(errors="replace").splitlines():
+        m = STAMP.match(line)
+        if m:
+            return 0.001 if m.group(4) else 1.0
+    return 1.0
+
+
+def log_span(path: Path) -> tuple[float, float] | None:
     """(first, last) second of the day that a job's log lines carry; None for a log without stamps."""
     secs = []
     for line in path.read_text(errors="replace").splitlines():
         m = STAMP.match(line)
         if m:
-            h, mi, s = (int(x) for x in m.groups())
-            secs.append(h * 3600 + mi * 60 + s)
+            h, mi, s = (int(x) for x in m.groups()[:3])
+            secs.append(h * 3600 + mi * 60 + s + (float(m.group(4)) if m.group(4) else 0.0))
     if not secs:
         return None
     # a job that ran past midnight: later stamps are smaller than earlier ones
@@ -42,9 +52,11 @@ def log_span(path: Path) -> tuple[int, int] | None:
     return out[0], max(out)
 
 
-def covered(spans: list[tuple[int, int]]) -> int:
-    """Seconds covered by the union of [a, b] spans (a job whose stamps are all one second covers 1 s)."""
-    return int(_union([(a, b + 1) for a, b in spans]))
+def covered(spans: list[tuple[float, float]], res: float = 1.0) -> float:
+    """Seconds covered by the union of [a, b] spans, each to the stamps' resolution ``res`` (a job whose
+    whole-second stamps are all one second covers 1 s)."""
+    total = _union([(a, b + res) for a, b in spans])
+    return float(round(total)) if res >= 1 else round(total, 3)
 
 
 def _epoch(stamp: str) -> float:
@@ -64,11 +76,12 @@ def _union(spans: list[tuple[float, float]]) -> float:
 
 
 def analyse(run: Path) -> dict:
-    spans = {}
+    spans, stamp_res = {}, 0.001
     for log in sorted((run / "logs").rglob("*.log")):
         span = log_span(log)
         if span:
             spans[str(log.relative_to(run / "logs"))] = span
+            stamp_res = max(stamp_res, resolution(log))  # whole seconds where any job's log has them
     if not spans:
         raise SystemExit(f"{run}: no job log with time stamps under logs/ (is it a finished run's folder?)")
     # put every span on one axis: in a run that crossed midnight (stamps more than 12 h apart), the jobs that
@@ -102,16 +115,16 @@ def analyse(run: Path) -> dict:
             unknown += 1
     busy_s = _union(busy) if busy and not unknown else None
     # jobs can overlap (several loop verdicts at once; on a cluster, cells of other configs): count time once
-    cell_jobs = float(covered([v for k, v in axis.items() if k.startswith("cells/")]))
+    cell_jobs = covered([v for k, v in axis.items() if k.startswith("cells/")], stamp_res)
     # the reference rule's rounds measure too (speedmatrix and other clients on the same server): time a
     # reference job ran while no cell job did is theirs, not overhead
-    measuring = float(covered([v for k, v in axis.items() if k.startswith(("cells/", "reference/"))]))
+    measuring = covered([v for k, v in axis.items() if k.startswith(("cells/", "reference/"))], stamp_res)
     reference = measuring - cell_jobs
-    any_job = float(covered(list(axis.values())))
+    any_job = covered(list(axis.values()), stamp_res)
     other_jobs = any_job - measuring  # time some other job ran while nothing measured
     startup_s = float(sum(startups))
     in_cells = max(0.0, cell_jobs - windows - startup_s)  # a server starts inside the first cell job that needs it
-    rest = max(0.0, wall + 1 - any_job)
+    rest = max(0.0, wall + stamp_res - any_job)
     parts = {
         "server start-ups": startup_s,
         "measurement windows": windows,
