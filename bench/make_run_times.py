@@ -94,6 +94,9 @@ def main() -> int:
         parts = json.loads((scratch / "w.json").read_text())
         inside = next((v for k, v in parts["parts_s"].items() if k.startswith("cell jobs outside")), None)
         result["cell_job_outside_window_s_per_cell"] = round(inside / parts["cells"], 2) if parts["cells"] else None
+        if parts.get("cell_jobs_own_s_per_cell") is not None:  # the jobs' own work, requests sent outside windows aside
+            result["cell_job_own_s_per_cell"] = round(parts["cell_jobs_own_s_per_cell"], 3)
+        result["walltime"] = parts
     if ns.keep:
         result["kept"] = str(clone)
     Path(ns.out).parent.mkdir(parents=True, exist_ok=True)

@@ -96,3 +96,22 @@ def test_millisecond_stamps_split_to_the_millisecond(tmp_path):
     parts = list(got["parts_s"].values())  # each to the millisecond (a span ends a millisecond after its stamp)
     assert parts[2] == pytest.approx(1.4, abs=0.002) and parts[4] == pytest.approx(0.5, abs=0.002)
     assert sum(parts) == pytest.approx(22.25, abs=0.002)
+
+
+def test_a_cell_jobs_own_work_is_told_apart_from_requests_sent_outside_its_window(tmp_path):
+    """A prefix-cache cell's cold pass (or a prefill cell's requests) is sent outside the window it records:
+    where cells say how long their kind sent requests (``requests_s``), that is not counted as the job's own
+    work (prompts, drain waits, counters, writing)."""
+    run = tmp_path / "run"
+    write_log(run / "logs/cells/base/prefix_cache-a.log", "10:00:00.000", "10:00:12.000")  # 12 s
+    write_log(run / "logs/cells/base/prefill-b.log", "10:00:12.500", "10:00:15.500")  # 3 s
+    (run / "cells/base").mkdir(parents=True)
+    (run / "cells/base/prefix_cache-a.json").write_text(json.dumps({"result": {"measured_s": 5.0, "requests_s": 10.5}}))
+    (run / "cells/base/prefill-b.json").write_text(json.dumps({"result": {"requests_s": 2.0}}))
+    got = overhead.analyse(run)
+    assert got["parts_s"]["cell jobs outside windows and start-ups (prompts, drain waits, counters, writing)"] == \
+        pytest.approx(15.002 - 5.0, abs=0.002)
+    assert got["cell_jobs_requests_outside_windows_s"] == pytest.approx(7.5, abs=0.002)
+    assert got["cell_jobs_own_s"] == pytest.approx(2.5, abs=0.005)
+    assert got["cell_jobs_own_s_per_cell"] == pytest.approx(1.25, abs=0.005)
+    assert "the jobs' own work: 2.5 s, 1.25 s a cell" in overhead.text(got)

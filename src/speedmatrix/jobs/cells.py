@@ -257,9 +257,11 @@ class _Prompts:
 
 async def _repeats(session: aiohttp.ClientSession, cell: Cell, inp: MeasureInput, opts: client.RequestOptions,
                    made: _Prompts, before_raw: dict[str, Any], kv: int | None, sampler: GaugeSampler) -> tuple:
-    """The cell's repeats, one after another: (figures combined, passes combined, records, wall-clock start)."""
+    """The cell's repeats, one after another: (figures combined, passes combined, records, wall-clock start).
+    ``figures["requests_s"]``: the seconds the kind's ``measure`` ran, repeats summed (requests in flight, and
+    what a kind sends outside its window: a prefix-cache cell's cold pass, a prefill cell's requests)."""
     per_repeat, per_passes, records = [], [], []
-    t_wall = None
+    t_wall, requests_s = None, 0.0
     busy_wait_s = float(inp.client.busy_wait_s)
     for k in range(1, cell.repeats + 1):
         if k > 1:  # the previous repeat's requests have drained (a cut decode request is aborted)
@@ -272,7 +274,9 @@ async def _repeats(session: aiohttp.ClientSession, cell: Cell, inp: MeasureInput
         if t_wall is None:
             t_wall = time.time()
             sampler.start()
+        t_measure = time.monotonic()
         measured = await cell.kind.measure(run, prepared)
+        requests_s += time.monotonic() - t_measure
         for r in measured.records:  # request indices stay unique over the cell's repeats
             r.index += len(records)
             r.repeat = k
@@ -284,6 +288,7 @@ async def _repeats(session: aiohttp.ClientSession, cell: Cell, inp: MeasureInput
     passes = {ph: stats.combine([p[ph] for p in per_passes]) for ph in per_passes[0]} if per_passes else {}
     if cell.repeats > 1:
         figures["repeat_figures"] = per_repeat  # each repeat's own figures, in order
+    figures["requests_s"] = round(requests_s, 3)
     return figures, passes, records, t_wall
 
 

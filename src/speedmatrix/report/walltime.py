@@ -95,10 +95,14 @@ def analyse(run: Path) -> dict:
               for line in f.read_text().splitlines() if line.strip()]
     startups = [s["startup_seconds"] for s in starts]
     cells, windows, busy, unknown = 0, 0.0, [], 0
+    sending, sending_known = 0.0, True  # the seconds the cells' kinds sent requests (``requests_s``)
     for f in sorted(run.glob("cells/*/*.json")):
         res = json.loads(f.read_text()).get("result", {})
         windows += float(res.get("measured_s") or 0.0)
         cells += 1
+        if res.get("status") != "over_capacity":
+            sending_known &= res.get("requests_s") is not None
+            sending += max(float(res.get("requests_s") or 0.0), float(res.get("measured_s") or 0.0))
         if res.get("measured_s"):
             if res.get("started_at"):
                 t = _epoch(res["started_at"])
@@ -133,6 +137,10 @@ def analyse(run: Path) -> dict:
         "other jobs while nothing measured (pin, models, loops, aggregate, report, gates)": other_jobs,
         "between jobs (scheduler, idle)": rest,
     }
+    # a cell job's own work (prompts, drain waits, counters, writing) apart from the requests its kind sent outside
+    # its window (a prefix-cache cell's cold pass, a prefill cell's requests): known where every cell says how long
+    # its kind sent requests (``requests_s``; runs of earlier versions did not)
+    own = max(0.0, cell_jobs - startup_s - sending) if sending_known and cells else None
     overhead = wall - (busy_s if busy_s is not None else startup_s + windows) - reference
     return {
         "run": str(run),
@@ -145,6 +153,9 @@ def analyse(run: Path) -> dict:
         "busy_s": busy_s,
         "side_by_side_s": (startup_s + windows - busy_s) if busy_s is not None else None,
         "reference_s": reference,
+        "cell_jobs_requests_outside_windows_s": None if own is None else max(0.0, in_cells - own),
+        "cell_jobs_own_s": own,
+        "cell_jobs_own_s_per_cell": None if own is None else own / cells,
         "overhead_s": overhead,
         "overhead_fraction": overhead / wall if wall else None,
         "note": "one-second log stamps: each part is good to about a second a job",
@@ -158,6 +169,10 @@ def text(got: dict) -> str:
     for name, secs in got["parts_s"].items():
         share = secs / got["wall_s"] * 100 if got["wall_s"] else 0.0
         out.append(f"  {secs:8.1f} s  {share:5.1f} %  {name}")
+    if got.get("cell_jobs_own_s") is not None:
+        out.append(f"    of which requests sent outside windows (cold passes, prefill): "
+                   f"{got['cell_jobs_requests_outside_windows_s']:.1f} s; the jobs' own work: "
+                   f"{got['cell_jobs_own_s']:.1f} s, {got['cell_jobs_own_s_per_cell']:.2f} s a cell")
     if (got["side_by_side_s"] or 0) > 0.5:
         out.append(f"  start-ups and windows side by side (counted once below): {got['side_by_side_s']:.1f} s")
     out.append(f"overhead (wall - start-ups - windows - reference rounds): {got['overhead_s']:.1f} s, "
