@@ -73,7 +73,7 @@ wildcard_constraints:
     server_id="[A-Za-z0-9][A-Za-z0-9_.-]*",
     cell_id=sm_workloads.cell_id_pattern(),
     # a cell id without its kind (each kind has its rule, rules/cells.smk)
-    cell_key=sm_workloads.CELL_KEY_PATTERN,
+    cell_key=sm_workloads.cell_key_pattern(),
     model="[A-Za-z0-9][A-Za-z0-9_.-]*",
     gate="|".join(sm_gates.GATES),
 
@@ -174,7 +174,7 @@ def model_spec(wildcards):
 
 
 def cell_id_of(kind):
-    # a rule per kind matches the rest of the id (CELL_KEY_PATTERN, beside Cell.id that writes it)
+    # a rule per kind matches the rest of the id (cell_key_pattern, from Cell.id's parts and the kinds' own endings)
     def cell_id(wildcards):
         return f"{kind}-{wildcards.cell_key}"
 

@@ -10,13 +10,13 @@ import importlib
 import pkgutil
 
 from .base import (
-    CELL_KEY_PATTERN,
     REGISTRY,
     Cell,
     CellRun,
     Measured,
     Workload,
     cell_id_pattern,
+    cell_key_pattern,
     get,
     names,
     order_of,
@@ -27,5 +27,5 @@ from .base import (
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["REGISTRY", "Cell", "CellRun", "Measured", "Workload", "cell_id_pattern", "get", "names", "order_of",
-           "register", "CELL_KEY_PATTERN"]
+__all__ = ["REGISTRY", "Cell", "CellRun", "Measured", "Workload", "cell_id_pattern", "cell_key_pattern", "get",
+           "names", "order_of", "register"]

@@ -29,12 +29,9 @@ if TYPE_CHECKING:  # types only: the client is imported where a cell runs
 # name -> the kind; filled by @register as each module of this package is imported
 REGISTRY: dict[str, Workload] = {}
 
-# the part of a cell id after its kind: ctx<N>[-c<M>][-share<P>][-code | -data-<dataset>][-temp<T>]
-# (a rate cell ends in -r<rate>-<arrival>, a search cell in -for-<target>, a session cell in -turns<T>, a
-# replay in -x<time scale>)
-CELL_KEY_PATTERN = (r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code|-data-[a-z][a-z0-9_]*)?(-temp[0-9.]+)?"
-                    r"(-r[0-9.]+-(constant|poisson|gamma[0-9.]+))?(-for-[a-z][a-z0-9_]*)?(-turns[0-9]+)?"
-                    r"(-x[0-9.]+)?")
+# the part of a cell id after its kind that every kind shares: ctx<N>[-c<M>][-share<P>][-code | -data-<dataset>]
+# [-temp<T>] (``Cell.id`` writes it); a kind's own ending follows (``Workload.id_pattern``, ``cell_key_pattern``)
+BASE_KEY_PATTERN = r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code|-data-[a-z][a-z0-9_]*)?(-temp[0-9.]+)?"
 
 
 def _share_label(fraction: float) -> str:
@@ -203,6 +200,8 @@ class Workload:
     # ``speedmatrix measure`` can make its cell from its options (kinds with settings of their own, such as a
     # schedule or turns, are written in an experiment)
     by_hand: ClassVar[bool] = True
+    # the regular expression of what ``id_suffix`` adds to a cell id (the workflow's wildcards are made from it)
+    id_pattern: ClassVar[str] = ""
     # its corpus is a trace (speedmatrix.measure.traces), not prompts: its cells get the trace's requests
     # (``CellRun.records``) and build prompts from the built-in corpus
     reads_trace: ClassVar[bool] = False
@@ -216,7 +215,7 @@ class Workload:
         return cell.max_tokens
 
     def id_suffix(self, cell: Cell) -> str:
-        """What this kind adds to the end of a cell id (CELL_KEY_PATTERN must match it)."""
+        """What this kind adds to the end of a cell id (``id_pattern`` matches it)."""
         return ""
 
     def needed_kv_tokens(self, cell: Cell) -> int:
@@ -320,8 +319,14 @@ def names() -> list[str]:
     return [w.name for w in sorted(REGISTRY.values(), key=lambda w: w.order)]
 
 
+def cell_key_pattern() -> str:
+    """A cell id without its kind, as the kinds write it: the shared part, then one kind's own ending."""
+    endings = sorted({w.id_pattern for w in REGISTRY.values() if w.id_pattern})
+    return BASE_KEY_PATTERN + ("(" + "|".join(endings) + ")?" if endings else "")
+
+
 def cell_id_pattern() -> str:
-    return "(" + "|".join(names()) + ")-" + CELL_KEY_PATTERN
+    return "(" + "|".join(names()) + ")-" + cell_key_pattern()
 
 
 def order_of(name: str) -> int:

@@ -75,6 +75,8 @@ class Rate(Workload):
                                 options=json.dumps(options, sort_keys=True), sampling=sampling_of(block)))
         return out
 
+    id_pattern = r"-r[0-9.]+-(constant|poisson|gamma[0-9.]+)"
+
     def id_suffix(self, cell: Cell) -> str:
         return f"-r{cell.opts['rate']:g}-{arrival_of(cell).label()}"
 

@@ -105,6 +105,8 @@ class RateSearch(TargetSearch):
                      corpus=block["corpus"], sampling=sampling_of(block), options=json.dumps(options, sort_keys=True))
                 for ctx in block["contexts"]]
 
+    id_pattern = r"-for-[a-z][a-z0-9_]*"
+
     def id_suffix(self, cell: Cell) -> str:
         return f"-for-{cell.opts['slo']}"
 

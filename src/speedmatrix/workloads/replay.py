@@ -55,6 +55,8 @@ class Replay(Workload):
                                 sampling=sampling_of(block), options=json.dumps(options, sort_keys=True)))
         return out
 
+    id_pattern = r"-x[0-9.]+"
+
     def id_suffix(self, cell: Cell) -> str:
         return f"-x{cell.opts['time_scale']:g}"
 

@@ -46,6 +46,8 @@ class ReplaySearch(TargetSearch):
                      sampling=sampling_of(block), options=json.dumps(options, sort_keys=True))
                 for ctx in block["contexts"]]
 
+    id_pattern = r"-for-[a-z][a-z0-9_]*"
+
     def id_suffix(self, cell: Cell) -> str:
         return f"-for-{cell.opts['slo']}"
 

@@ -41,6 +41,8 @@ class SessionSearch(TargetSearch):
                      options=json.dumps(options, sort_keys=True))
                 for ctx in block["contexts"]]
 
+    id_pattern = r"-for-[a-z][a-z0-9_]*-turns[0-9]+"
+
     def id_suffix(self, cell: Cell) -> str:
         return f"-for-{cell.opts['slo']}-turns{cell.opts['turns']}"
 

@@ -138,6 +138,8 @@ class Sessions(Workload):
                      corpus=block["corpus"], sampling=sampling_of(block), options=json.dumps(options, sort_keys=True))
                 for ctx in block["contexts"] for users in block["users"]]
 
+    id_pattern = r"-turns[0-9]+"
+
     def id_suffix(self, cell: Cell) -> str:
         return f"-turns{cell.opts['turns']}"
 

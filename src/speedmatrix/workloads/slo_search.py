@@ -149,6 +149,8 @@ class SloSearch(TargetSearch):
                  **({"margin": target["margin"]} if "margin" in target else {})}
         return self.expand("manual", {**defaults_of(self.name, block), "slo": t.name, "target": t.as_dict()})[0]
 
+    id_pattern = r"-for-[a-z][a-z0-9_]*"
+
     def id_suffix(self, cell: Cell) -> str:
         return f"-for-{cell.opts['slo']}"
 
