@@ -75,6 +75,28 @@ def _union(spans: list[tuple[float, float]]) -> float:
     return total + (cur[1] - cur[0] if cur else 0.0)
 
 
+def _cell_figures(run: Path) -> tuple[int, float, float, bool, list[tuple[float, float]], int]:
+    """From the cell JSONs: how many cells, their windows' seconds, the seconds their kinds sent requests
+    (``requests_s``; whether every sent cell says), each window's span where it has a start time, and how many
+    windows have none."""
+    cells, windows, busy, unknown = 0, 0.0, [], 0
+    sending, sending_known = 0.0, True
+    for f in sorted(run.glob("cells/*/*.json")):
+        res = json.loads(f.read_text()).get("result", {})
+        windows += float(res.get("measured_s") or 0.0)
+        cells += 1
+        if res.get("status") != "over_capacity":
+            sending_known &= res.get("requests_s") is not None
+            sending += max(float(res.get("requests_s") or 0.0), float(res.get("measured_s") or 0.0))
+        if res.get("measured_s"):
+            if res.get("started_at"):
+                t = _epoch(res["started_at"])
+                busy.append((t, t + float(res["measured_s"])))
+            else:
+                unknown += 1
+    return cells, windows, sending, sending_known, busy, unknown
+
+
 def analyse(run: Path) -> dict:
     spans, stamp_res = {}, 0.001
     for log in sorted((run / "logs").rglob("*.log")):
@@ -94,21 +116,7 @@ def analyse(run: Path) -> dict:
     starts = [json.loads(line) for f in sorted(run.glob("servers/*/starts.jsonl"))
               for line in f.read_text().splitlines() if line.strip()]
     startups = [s["startup_seconds"] for s in starts]
-    cells, windows, busy, unknown = 0, 0.0, [], 0
-    sending, sending_known = 0.0, True  # the seconds the cells' kinds sent requests (``requests_s``)
-    for f in sorted(run.glob("cells/*/*.json")):
-        res = json.loads(f.read_text()).get("result", {})
-        windows += float(res.get("measured_s") or 0.0)
-        cells += 1
-        if res.get("status") != "over_capacity":
-            sending_known &= res.get("requests_s") is not None
-            sending += max(float(res.get("requests_s") or 0.0), float(res.get("measured_s") or 0.0))
-        if res.get("measured_s"):
-            if res.get("started_at"):
-                t = _epoch(res["started_at"])
-                busy.append((t, t + float(res["measured_s"])))
-            else:
-                unknown += 1
+    cells, windows, sending, sending_known, busy, unknown = _cell_figures(run)
     # where the run knows when each start-up and window was (a GPU pool runs them side by side), the busy
     # time is their union: what ran at the same time is counted once
     for s in starts:
