@@ -75,6 +75,7 @@ wildcard_constraints:
     # a cell id without its kind (each kind has its rule, rules/cells.smk)
     cell_key=sm_workloads.cell_key_pattern(),
     model="[A-Za-z0-9][A-Za-z0-9_.-]*",
+    spec_id="[A-Za-z0-9][A-Za-z0-9_.-]*",
     gate="|".join(sm_gates.GATES),
 
 
@@ -133,6 +134,30 @@ def gate_files():
     return [
         f"{RESULTS}/gates/{sid}/{gate}.json" for sid in SERVER_IDS for gate in GATES
     ]
+
+
+# The losslessness check (rules/lossless.smk): speculative config -> its twin
+LOSSLESS_CHECKS = EXP.lossless_checks()
+
+
+def lossless_verdict_file(spec_id):
+    return f"{RESULTS}/lossless/{LOSSLESS_CHECKS[spec_id]}/verdict-{spec_id}.json"
+
+
+def lossless_files():
+    return [lossless_verdict_file(s) for s in LOSSLESS_CHECKS]
+
+
+def lossless_settings_of(wildcards):
+    # the sampling settings of the config's cells, each checked
+    return EXP.sampling_settings(wildcards.server_id)
+
+
+def lossless_of_cell(wildcards):
+    # the verdict a cell's status reads (a speculative config with a twin), else nothing
+    if wildcards.server_id in LOSSLESS_CHECKS:
+        return lossless_verdict_file(wildcards.server_id)
+    return []
 
 
 def gate_settings(wildcards):
@@ -223,10 +248,15 @@ def dataset_file_of(kind):
     return dataset_file
 
 
+# The order configs are measured in: as listed, a speculative config's twin after the configs it checks
+# (the twin's verdict job scores their outputs: one start of it serves both)
+SERVER_ORDER = EXP.server_order()
+
+
 def cell_priority(wildcards):
-    # All cells of one server config before the next config's: one server
+    # All jobs of one server config before the next config's: one server
     # start per config (the scheduler runs the highest priority first).
-    return 10 * (len(SERVER_IDS) - SERVER_IDS.index(wildcards.server_id))
+    return 10 * (len(SERVER_ORDER) - SERVER_ORDER.index(wildcards.server_id))
 
 
 # The server configs whose launch waits for a P2P check: tensor x pipeline parallel above one GPU. The

@@ -1,10 +1,12 @@
-# Loop verdicts over the texts a cell saved, and the cell's status (looped,
-# unstable): a threshold change reruns this and the aggregation, never the
-# measurement.
+# Loop verdicts over the texts a cell saved, and the cell's status (lossy,
+# looped, unstable): a threshold change reruns this and the aggregation, never
+# the measurement.
 rule loops:
     input:
         cell=f"{RESULTS}/cells/{{server_id}}/{{cell_id}}.json",
         requests=f"{RESULTS}/cells/{{server_id}}/{{cell_id}}.requests.parquet",
+        # a speculative config's losslessness verdict (its cells' status: lossy)
+        lossless=lossless_of_cell,
     output:
         f"{RESULTS}/loops/{{server_id}}/{{cell_id}}.json",
     log:

@@ -11,6 +11,7 @@ rule report:
         lock=f"{RESULTS}/runtime.lock.json",
         launches=startup_files(),
         gates=gate_files(),
+        lossless=lossless_files(),
         references=reference_files(),
         models_lock=f"{RESULTS}/models.lock",
     output:

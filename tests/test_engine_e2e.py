@@ -30,6 +30,7 @@ from conftest import (
     wait_no_vllm,
 )
 from speedmatrix.jobs.aggregate import MATRIX_COLUMNS
+from speedmatrix.judge import decide
 from speedmatrix.plan import experiment
 
 pytestmark = pytest.mark.engine
@@ -105,13 +106,20 @@ def test_matrix_is_real_and_complete(full_run):
     exp = experiment.load("tiny-cpu")
     assert len(m) == len(exp.cells())
     decode = m[m.workload == "decode"]
-    assert set(decode.status) <= {"valid", "looped", "unstable", "over_capacity"}
+    assert set(decode.status) <= {"valid", "looped", "unstable", "over_capacity", "client_bound", "lossy"}
+    # the client check: every window measured records the longest time the client stood still; a window where
+    # it stood still for more than a quarter (2 cores shared with the server) is Client-bound, said why
+    sent = decode[decode.status != "over_capacity"]
+    assert sent.client_stall_s.ge(0).all()
+    bound = decode[decode.status == "client_bound"]
+    assert (bound.client_stall_s > 0.25 * bound.duration_s).all()
+    assert bound.status_reason.str.contains("stood still").all()
     over = decode[decode.status == "over_capacity"]
     assert len(over) >= 1
     # over capacity is the live server's verdict, and nothing was sent
     assert (over.needed_kv_tokens > over.kv_cache_size_tokens).all()
     assert over.output_tokens.isna().all()
-    measured = decode[decode.status != "over_capacity"]
+    measured = decode[decode.status.isin(["valid", "looped", "unstable", "lossy"])]
     assert len(measured) >= 4
     assert (measured.total_tok_s > 0).all() and (measured.output_tokens > 0).all()
     assert (measured.ttft_ms > 0).all() and (measured.completed_requests >= 0).all()
@@ -306,6 +314,48 @@ def test_decisions_targets_goodput_frontier_and_search(full_run):
                  "### Goodput per cell", "### SLO search"):
         assert part in report, part
     assert (res / "charts/pareto.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_losslessness_check_of_each_speculative_config(full_run):
+    """mtp2 and ngram2 against base on the real engine: greedy outputs token-identical; sampled MTP on vLLM for
+    the CPU 0.32.0 emits tokens the target would hardly give (bench/results/spec_lossless/), so its sampled
+    cell is Lossy, kept out of the decisions and the frontier, and said in the report."""
+    work, proc, _, _ = full_run
+    assert proc.returncode == 0
+    res = work / "results" / "tiny-cpu"
+    exp = experiment.load("tiny-cpu")
+    checks = {p.name: json.loads(p.read_text()) for p in (res / "lossless" / "base").glob("verdict-*.json")}
+    assert sorted(checks) == ["verdict-mtp2.json", "verdict-ngram2.json"]
+    for doc in checks.values():
+        assert doc["twin"] == "base" and doc["provenance"]["vllm_version"] == "0.32.0"
+        assert {v["setting"] for v in doc["settings"]} == set(exp.sampling_settings(doc["server_id"]))
+        for v in doc["settings"]:
+            assert v["tokens"] > 0 and v["twin_tokens"] > 0, v
+            if v["greedy"]:
+                assert v["verdict"] == "lossless" and v["identical"] == v["requests"] == 16, v
+                # greedy: the same tokens, so the same scores
+                assert abs(v["mean_logprob"] - v["twin_mean_logprob"]) < 1e-3
+    sampled = [v for v in checks["verdict-mtp2.json"]["settings"] if not v["greedy"]]
+    assert len(sampled) == 1 and sampled[0]["verdict"] == "lossy", sampled
+    assert sampled[0]["share_below_floor"] > sampled[0]["twin_share_below_floor"] + 0.02
+    m = pd.read_parquet(res / "matrix.parquet").set_index(["server_id", "cell_id"])
+    cell = "decode-ctx128-c4-temp0.7"
+    assert m.loc[("mtp2", cell), "status"] == "lossy" and m.loc[("mtp2", cell), "lossless_verdict"] == "lossy"
+    assert "not the target's" in m.loc[("mtp2", cell), "status_reason"]
+    assert m.loc[("base", cell), "status"] != "lossy" and pd.isna(m.loc[("base", cell), "lossless_verdict"])
+    greedy_spec = m[(m.spec_tokens > 0) & (m.status != "over_capacity") & (m.index.get_level_values(1) != cell)]
+    assert (greedy_spec.lossless_verdict == "lossless").all()
+    # a Lossy cell is no decision's and not on the frontier
+    d = pd.read_parquet(res / "decisions.parquet")
+    assert (d[(d.server_id == "mtp2") & (d.cell_id == cell)].status == "lossy").all()
+    best = decide.best_configs(d)
+    assert not ((best.best_server == "mtp2") & (best.best_cell == cell)).any()
+    on_pareto = m.loc[("mtp2", cell), "on_pareto"]
+    assert pd.isna(on_pareto) or not on_pareto
+    report = (res / "report.md").read_text()
+    assert "### Does speculation keep the output?" in report
+    assert "| `mtp2` | `base` | temperature 0.7, top_p 0.95 | Lossy" in report
+    assert "benchmark speculation there greedy" in report
 
 
 def test_rederive_gives_the_runs_matrix_again(full_run, tmp_path):

@@ -36,8 +36,9 @@ def cmd_measure(ns: argparse.Namespace) -> int:
     except (ValueError, SpeedmatrixError) as exc:
         print(f"speedmatrix measure: {exc}", file=sys.stderr)
         return 2
-    if ns.temperature:
-        given = {"temperature": ns.temperature, "top_p": ns.top_p, "seed": ns.sampling_seed}
+    if ns.temperature or ns.frequency_penalty is not None:
+        given = {"temperature": ns.temperature, "top_p": ns.top_p, "seed": ns.sampling_seed,
+                 "frequency_penalty": ns.frequency_penalty}
         sampling = defaults_of("sampling", {k: v for k, v in given.items() if v is not None})
         cell = dataclasses.replace(cell, sampling=workloads.sampling_of({"sampling": sampling}))
     given = {"stall_timeout_s": ns.stall_timeout, "ignore_eos": ns.ignore_eos, "seed": ns.seed,
@@ -242,6 +243,8 @@ def _add_measure(sub) -> None:
                    "the median, a 95 %% interval (Student's t) and the CV of the repeats")
     b.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (default 0: greedy)")
     b.add_argument("--top-p", type=float, help="with --temperature: nucleus sampling's top_p")
+    b.add_argument("--frequency-penalty", type=float,
+                   help="vLLM's frequency_penalty (deterministic: greedy stays greedy; a small model's loops end)")
     b.add_argument("--sampling-seed", type=int, help="with --temperature: request i is sent with seed SEED + i, so a "
                    f"rerun samples the same (default {defaults_of('sampling', {})['seed']})")
     b.add_argument("--out", required=True, help="result JSON (requests go beside it as .requests.parquet)")

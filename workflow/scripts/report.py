@@ -17,4 +17,5 @@ with logs.to_file(snakemake.log[0]):
         decisions_path=snakemake.input.decisions,
         requests_path=snakemake.input.requests,
         captions_dir=snakemake.params.captions,
+        lossless_paths=snakemake.input.lossless,
     )

@@ -8,7 +8,7 @@ from typing import Any
 # A cell's status as a reader sees it; matrix.parquet keeps the key.
 STATUS_LABEL = {"valid": "Valid", "looped": "Looped", "unstable": "Unstable", "over_capacity": "Over capacity",
                 "client_bound": "Client-bound", "saturated": "Saturated",
-                "error": "Error"}
+                "lossy": "Lossy", "error": "Error"}
 
 
 def missing(v: Any) -> bool:

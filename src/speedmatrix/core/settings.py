@@ -107,6 +107,7 @@ class ClientSettings:
     usage_per_chunk: str | bool
     busy_wait_s: float
     metrics_interval_s: float
+    max_stall_share: float
     cell_timeout_s: float | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 

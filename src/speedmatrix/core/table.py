@@ -134,7 +134,8 @@ def table_html(t: Table, statuses: dict[str, str] | None = None) -> str:
 
 # one colour per status (the same in the legend, the tables and the heatmap's labels)
 STATUS_COLOURS = {"valid": "#d9f2d9", "unstable": "#fff0c2", "looped": "#f8d0d0", "over_capacity": "#e3e3e3",
-                  "client_bound": "#e4d7f5", "saturated": "#f5dcc4", "error": "#f4b4b4"}
+                  "client_bound": "#e4d7f5", "saturated": "#f5dcc4", "lossy": "#f0c8e0",
+                  "error": "#f4b4b4"}
 
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:1280px;margin:1.5em auto;padding:0 1em;line-height:1.4;"
          "color:#222}table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;"

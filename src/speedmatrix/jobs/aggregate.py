@@ -94,6 +94,11 @@ COLUMNS: list[C] = [
     # decode: the steady part of the window (total_tok_s) against the whole window; how the streams came
     C("total_tok_s_window", RESULT, "output_throughput_window"), C("steady_fraction", RESULT), C("delivery"),
     C("delivery_burst_share", RESULT),
+    # the losslessness check of the cell's speculative config for its sampling setting (speedmatrix.judge.lossless)
+    C("lossless_verdict", LOOPS), C("lossless_reason", LOOPS), C("lossless_identical_share", LOOPS),
+    C("lossless_share_below_floor", LOOPS), C("lossless_twin_share_below_floor", LOOPS),
+    # the client check of a sustained-decode window: the longest time its event loop stood still
+    C("client_stall_s", RESULT),
     # a GPU pool: the pool's GPUs the server held, and the other cells that measured during this one
     C("server_gpus"), C("ran_beside"),
     # decisions: the server's GPUs (tensor x pipeline parallel; 0 on the CPU) and output tok/s per

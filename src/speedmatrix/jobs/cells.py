@@ -157,6 +157,7 @@ def request_options(cell: Cell, settings: ClientSettings, loop_cfg: dict[str, An
         temperature=float(sampling.get("temperature", 0.0)),
         top_p=sampling.get("top_p"),
         seed=sampling.get("seed"),
+        frequency_penalty=sampling.get("frequency_penalty"),
     )
 
 

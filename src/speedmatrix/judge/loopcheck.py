@@ -17,6 +17,7 @@ import pandas as pd
 from ..core.settings import section_defaults
 from ..measure import loops
 from ..workloads import get as workload
+from . import lossless
 
 # any: one looping request marks the cell looped (seed 002's rule); fraction: more than
 # max_loop_fraction of the requests; flag_only: never changes the status, only reports
@@ -115,8 +116,9 @@ def stability_verdict(cell: dict[str, Any], max_cv: float) -> str | None:
 
 
 def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str, Any],
-               stability: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Loop verdicts per request and the cell's status: over capacity (from the measurement), else looped
+               stability: dict[str, Any] | None = None, check: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Loop verdicts per request and the cell's status: the measurement's own (over capacity, client-bound), else
+    lossy (``check``: its config's losslessness check found the cell's sampling setting Lossy), else looped
     (under the policy), else unstable (repeats spread above ``stability.max_cv``), else valid."""
     settings = dict(section_defaults("loops", settings))
     policy = settings.pop("policy")
@@ -131,6 +133,9 @@ def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str,
     res = cell["result"]
     status = res["status"]
     reason = res.get("status_reason")  # a measurement's own verdict (client_bound: why)
+    fidelity = lossless.for_cell(check, cell["cell"].get("sampling"))
+    if status == "valid" and fidelity and fidelity["verdict"] == lossless.LOSSY:
+        status, reason = "lossy", f"speculative output is not the target's ({fidelity['label']}): {fidelity['reason']}"
     if status == "valid" and fraction and (policy == "any" or (policy == "fraction" and fraction > max_fraction)):
         status = "looped"
         reason = f"{n_looped} of {n} requests looped"
@@ -166,5 +171,6 @@ def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str,
         **(client_acceptance(requests, per, int(cell["server"].get("spec_tokens") or 0))
            if res.get("usage_per_chunk") else {"spec_acceptance_client": None, "spec_acceptance_before_loop": None}),
         "loops_after_natural_end": sum(after_end) if after_end else None,
+        **lossless.cell_fields(fidelity),
         "requests": per,
     }

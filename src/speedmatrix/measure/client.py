@@ -43,14 +43,15 @@ def auth_headers() -> dict[str, str]:
 
 
 def sampling_body(ignore_eos: bool, temperature: float = 0.0, top_p: float | None = None,
-                  seed: int | None = None) -> dict[str, Any]:
+                  seed: int | None = None, frequency_penalty: float | None = None) -> dict[str, Any]:
     """What every request of a measurement asks of the sampler, whichever client sends it: greedy unless a
-    temperature is given (then with ``top_p`` and the request's ``seed``, so a rerun samples the same), and
-    with ``ignore_eos`` special tokens kept as text (every token streamed has text: random weights can
-    emit nothing but special tokens)."""
+    temperature is given (then with ``top_p`` and the request's ``seed``, so a rerun samples the same), a
+    ``frequency_penalty`` where given, and with ``ignore_eos`` special tokens kept as text (every token
+    streamed has text: random weights can emit nothing but special tokens)."""
     return {"temperature": temperature, **({"top_p": top_p} if top_p is not None else {}),
-            **({"seed": seed} if seed is not None else {}), "ignore_eos": ignore_eos,
-            **({"skip_special_tokens": False} if ignore_eos else {})}
+            **({"seed": seed} if seed is not None else {}),
+            **({"frequency_penalty": frequency_penalty} if frequency_penalty is not None else {}),
+            "ignore_eos": ignore_eos, **({"skip_special_tokens": False} if ignore_eos else {})}
 
 
 class _Delta(msgspec.Struct):
@@ -118,6 +119,7 @@ class RequestOptions:
     temperature: float = 0.0
     top_p: float | None = None
     seed: int | None = None
+    frequency_penalty: float | None = None
     # ask for the output's token ids with every event (multi-turn sessions send them back as the history)
     return_token_ids: bool = False
 
@@ -142,7 +144,7 @@ class RequestOptions:
             "model": model,
             "max_tokens": self.max_tokens if max_tokens is None else max(1, min(max_tokens, self.max_tokens)),
             **sampling_body(self.ignore_eos, self.temperature, self.top_p,
-                            None if self.seed is None else self.seed + index),
+                            None if self.seed is None else self.seed + index, self.frequency_penalty),
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": self.usage_per_chunk},
             **({"return_token_ids": True} if self.return_token_ids else {}),
@@ -419,6 +421,33 @@ def session_for(concurrency: int) -> aiohttp.ClientSession:
     (a request ends by its own stall timeout or the cell's window)."""
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency + 4),
                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+
+
+class StallWatch:
+    """How long the client's event loop went without running: a task asks to wake every ``TICK_S`` and records
+    how much later than asked it woke. While the loop is held (a busy callback, or the process given no CPU by
+    a machine whose cores the server saturates) no stream is read: tokens that arrive then are stamped when the
+    loop runs again, and a window's figures are the client's, not the server's. ``longest_s`` is the worst."""
+
+    TICK_S = 0.05
+
+    def __init__(self) -> None:
+        self.longest_s = 0.0
+        self._task: asyncio.Task | None = None
+
+    async def _watch(self) -> None:
+        while True:
+            asked = time.monotonic()
+            await asyncio.sleep(self.TICK_S)
+            self.longest_s = max(self.longest_s, time.monotonic() - asked - self.TICK_S)
+
+    def __enter__(self) -> StallWatch:
+        self._task = asyncio.create_task(self._watch())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
 
 async def closed_loop(

@@ -234,6 +234,8 @@ _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 # the figures a cell's repeats give an interval and a coefficient of variation for
 SPREAD_FIGURES = ("output_throughput", "prompt_tok_s", "per_request_tok_s", "median_ttft_ms", "median_tbt_ms",
                   "median_itl_ms")
+# the worst over a cell's repeats
+LONGEST = ("client_stall_s",)
 # counts over the whole cell: summed over its repeats (every other figure: the median of the repeats)
 ADDITIVE = ("num_requests", "completed", "failed", "total_output_tokens", "total_input_tokens", "prompts_built",
             "measured_s", "duration", "steady_s")
@@ -252,8 +254,9 @@ def interval(values: list[float]) -> dict[str, Any]:
 
 
 def combine(repeats: list[dict[str, Any]]) -> dict[str, Any]:
-    """A cell's figures over its repeats: counts summed, every other number the median of the repeats,
-    and for each of SPREAD_FIGURES its interval (``<figure>_ci95``) and CV (``<figure>_cv``)."""
+    """A cell's figures over its repeats: counts summed, a stall the longest, every other number the median of
+    the repeats, a repeat's own verdict (status) the cell's, and for each of SPREAD_FIGURES its interval
+    (``<figure>_ci95``) and CV (``<figure>_cv``)."""
     if len(repeats) == 1:
         return dict(repeats[0])
     out: dict[str, Any] = {}
@@ -267,10 +270,16 @@ def combine(repeats: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = dict(merged)
         elif key in ADDITIVE and nums:
             out[key] = sum(nums)
+        elif key in LONGEST and nums:
+            out[key] = max(nums)
         elif nums and len(nums) == len([v for v in values if v is not None]):
             out[key] = float(np.median(nums))
         else:
             out[key] = values[-1]
+    # a repeat's verdict on its own measurement (client-bound: why) is the cell's
+    judged = next((r for r in repeats if r.get("status") not in (None, "valid")), None)
+    if judged is not None:
+        out["status"], out["status_reason"] = judged["status"], judged.get("status_reason")
     if out.get("delivery_burst_share") is not None:
         out["delivery"] = delivery_kind(out["delivery_burst_share"])
     for key in SPREAD_FIGURES:

@@ -31,7 +31,7 @@ class Load:
     requests: int
     concurrency: int
     seed: int
-    # the cell's sampling (temperature, top_p, seed); {} greedy
+    # the cell's sampling (temperature, top_p, seed, frequency_penalty); {} greedy
     sampling: dict[str, Any] = field(default_factory=dict)
     # open loop (a rate cell): requests a second, sent on gamma-distributed gaps of this shape (1: Poisson),
     # no cap on requests in flight; None: closed loop at `concurrency`
@@ -48,7 +48,7 @@ class Load:
         weights emit <pad> after <pad>: AIPerf counted every request failed, GuideLLM a TTFT of 0. A client
         sends one seed for all its requests (speedmatrix: seed + the request's index)."""
         s = self.sampling
-        return sampling_body(True, s.get("temperature", 0), s.get("top_p"), s.get("seed"))
+        return sampling_body(True, s.get("temperature", 0), s.get("top_p"), s.get("seed"), s.get("frequency_penalty"))
 
 
 class Peer:

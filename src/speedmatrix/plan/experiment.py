@@ -160,6 +160,40 @@ class Experiment:
         return self.raw.get("loops", {})
 
     @property
+    def lossless(self) -> dict[str, Any]:
+        """The losslessness check's settings (``lossless:``, the schema's defaults filled in)."""
+        return settings.section_defaults("lossless", self.raw.get("lossless"))
+
+    def twin_of(self, server_id: str) -> str | None:
+        """A speculative config's twin: the first config with the same model, arguments, environment and
+        device and no speculation (what its losslessness check compares it with), or None."""
+        srv = self.server(server_id)
+        if not srv.speculative:
+            return None
+        same = ("model", "served_model_name", "args", "env", "device", "api_key_env")
+        return next((s.id for s in self.servers if not s.speculative
+                     and all(getattr(s, k) == getattr(srv, k) for k in same)), None)
+
+    def lossless_checks(self) -> dict[str, str]:
+        """Every speculative config that has a twin -> its twin (the checks the workflow runs)."""
+        pairs = {s.id: self.twin_of(s.id) for s in self.servers if s.speculative}
+        return {spec: twin for spec, twin in pairs.items() if twin}
+
+    def sampling_settings(self, server_id: str) -> list[str]:
+        """The sampling settings (``Cell.sampling``) of a config's cells, in the order they first appear."""
+        return list(dict.fromkeys(c.sampling for c in self.cells(server_id)))
+
+    def server_order(self) -> list[str]:
+        """The order the server configs are measured in: as listed, except that a twin comes after the last
+        config it checks (its verdict job scores their outputs: one start of it serves both)."""
+        checks = self.lossless_checks()
+        order = [s.id for s in self.servers if s.id not in checks.values()]
+        for twin in dict.fromkeys(checks.values()):
+            last = max(order.index(spec) for spec, t in checks.items() if t == twin)
+            order.insert(last + 1, twin)
+        return order
+
+    @property
     def measured_with(self) -> dict[str, Any]:
         """What a measurement depends on besides its cell and its server's launch: the client settings, and
         the loop thresholds when they end requests early (``client.stop_looping``). A change measures

@@ -77,15 +77,32 @@ def decision_blocks(matrix: pd.DataFrame, decisions: pd.DataFrame | None, target
     return [Heading(2, "Decisions"), *body] if body else []
 
 
-def speculation_blocks(matrix: pd.DataFrame, requests: pd.DataFrame | None) -> list[Block]:
-    """Speculative decoding per cell, and each dataset category's figures."""
+def lossless_blocks(checks: list[dict[str, Any]], matrix: pd.DataFrame, device: str) -> list[Block]:
+    """Does each speculative config keep its target's output? The check's verdicts and what they mean."""
+    notes = sections.lossless_notes(checks, matrix, device)
+    return _section("Does speculation keep the output?", "Speculative decoding is a speed-up only if the output is "
+                    "what the target alone gives. Each speculative config and its twin (the same model and arguments "
+                    "without speculation) answered the same prompts, one at a time, with each sampling setting of "
+                    "the config's cells and the same seeds; the twin scored every emitted token (the target's "
+                    "log-probability of it). Greedy: the outputs must be token-identical. Sampled: the share of "
+                    "tokens the target scores below the floor must be the twin's own, within the limit. A Lossy "
+                    "setting's cells are Lossy: kept out of the decisions, the Pareto frontier and the best config, "
+                    "as Looped cells are. Cells: the cells of the config that took the setting's verdict.",
+                    [b for b in (sections.lossless_table(checks, matrix), Bullets(notes) if notes else None) if b]
+                    or None, level=3)
+
+
+def speculation_blocks(matrix: pd.DataFrame, requests: pd.DataFrame | None,
+                       checks: list[dict[str, Any]] | None = None, device: str = "gpu") -> list[Block]:
+    """Speculative decoding per cell, whether it keeps the output, and each dataset category's figures."""
     spec = _section("Speculative decoding", "Each decode cell of a config with a drafter: the server's acceptance "
                     "rate (accepted / drafted tokens), mean acceptance length (1 + accepted per step) and acceptance "
                     "per draft position; the client's reading of the same from each streamed event's tokens, over "
                     "the whole output and before each request's loop starts (a loop is easy to predict: acceptance "
                     "over it is inflated); output tok/s against the same cell of the model without a drafter.",
                     sections.speculative_table(matrix))
-    return spec + _section("By dataset category", "Cells whose prompts came from a dataset with categories: each "
+    return spec + lossless_blocks(checks or [], matrix, device) + _section(
+        "By dataset category", "Cells whose prompts came from a dataset with categories: each "
                            "category's requests, their median time to first token and output rate, and the "
                            "speculative acceptance the client read from their streamed events (the server's "
                            "counters are per cell).", sections.category_table(matrix, requests))
@@ -97,7 +114,8 @@ def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
            sweeps: list[tuple[dict[str, Any], list[Any]]] | None = None, gates: list[dict[str, Any]] | None = None,
            models_lock: dict[str, Any] | None = None,
            references: list[dict[str, Any]] | None = None, decisions: pd.DataFrame | None = None,
-           targets: list | None = None, requests: pd.DataFrame | None = None) -> list[Block]:
+           targets: list | None = None, requests: pd.DataFrame | None = None,
+           checks: list[dict[str, Any]] | None = None, device: str = "gpu") -> list[Block]:
     out: list[Block] = [Heading(1, experiment_name)]
     if description:
         out.append(Para(" ".join(description.split())))
@@ -114,7 +132,7 @@ def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
                          for k, v in sweep["vary"].items())
         out += _section(sweep.get("title") or f"Sweep {sweep['id']}", f"Sweep `{sweep['id']}`: {vary}.",
                         sections.sweep_tables(matrix, servers))
-    out += speculation_blocks(matrix, requests)
+    out += speculation_blocks(matrix, requests, checks, device)
     out += decision_blocks(matrix, decisions, targets or [])
     synthesized = [n for n, m in ((models_lock or {}).get("models") or {}).items() if m.get("source") == "synthesize"]
     if synthesized:
@@ -200,7 +218,7 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
           out: dict[str, str], gate_paths: list[str] = (), models_lock_path: str | None = None,
           reference_paths: list[str] = (), loop_settings: dict[str, Any] | None = None,
           decisions_path: str | None = None, requests_path: str | None = None,
-          captions_dir: str | None = None) -> None:
+          captions_dir: str | None = None, lossless_paths: list[str] = ()) -> None:
     """The report rule: the charts (HTML + PNG), report.md and report.html.
 
     ``loop_settings`` replaces the experiment's ``loops:`` in the text (a re-derivation under
@@ -219,6 +237,7 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
     decisions = pd.read_parquet(decisions_path) if decisions_path and Path(decisions_path).exists() else None
     doc = blocks(matrix, startups, lock, chart_links, exp.name, exp.raw.get("description", ""),
                  exp.loops if loop_settings is None else loop_settings, sweeps, gates, models_lock, references,
-                 decisions, exp.targets, requests)
+                 decisions, exp.targets, requests, [atomic.read_json(p) for p in lossless_paths],
+                 exp.runtime["device"])
     write(out["md"], out["html"], doc, exp.name)
     print(f"report: {out['md']}")

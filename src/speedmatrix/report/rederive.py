@@ -37,7 +37,9 @@ def rederive(results: str | Path, experiment_name: str | None = None,
         if not req.exists():
             raise RederiveError(f"{cell_json}: its requests file {req.name} is missing (each cell JSON needs the "
                                 ".requests.parquet its job wrote beside it)")
-        verdict = loopcheck.judge_cell(atomic.read_json(cell_json), pd.read_parquet(req), settings, exp.stability)
+        checks = sorted(results.glob(f"lossless/*/verdict-{cell_json.parent.name}.json"))
+        verdict = loopcheck.judge_cell(atomic.read_json(cell_json), pd.read_parquet(req), settings, exp.stability,
+                                       atomic.read_json(checks[0]) if checks else None)
         loop_out = out / "loops" / cell_json.parent.name / cell_json.name
         atomic.write_json(loop_out, verdict)
         cells.append(cell_json), loops.append(loop_out), reqs.append(req)
@@ -70,5 +72,6 @@ def write_report(exp: experiment.Experiment, experiments_dir: str | Path, src: P
                    models_lock_path=str(models_lock) if models_lock.exists() else None,
                    reference_paths=[str(p) for p in sorted(src.glob("reference/*/*.json"))],
                    loop_settings=loop_settings, decisions_path=str(paths["decisions"]),
-                   requests_path=str(paths["requests"]), captions_dir=str(captions_dir) if captions_dir else None)
+                   requests_path=str(paths["requests"]), captions_dir=str(captions_dir) if captions_dir else None,
+                   lossless_paths=[str(p) for p in sorted(src.glob("lossless/*/verdict-*.json"))])
     return Path(report["md"])

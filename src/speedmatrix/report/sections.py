@@ -410,6 +410,44 @@ def category_table(matrix: pd.DataFrame, requests: pd.DataFrame | None) -> Table
     return t
 
 
+def lossless_table(checks: list[dict[str, Any]], m: pd.DataFrame) -> Table | None:
+    """Each speculative config's losslessness check per sampling setting: the verdict, its figures and the
+    cells it decided (speedmatrix.judge.lossless)."""
+    if not checks:
+        return None
+    t = Table(["Config", "Twin", "Setting", "Verdict", "Greedy: identical", "Below floor: config / twin",
+               "Mean target log-prob: config / twin", "Acceptance", "Cells"])
+    reasons = m["lossless_reason"] if "lossless_reason" in m else pd.Series(index=m.index, dtype=object)
+    for doc in sorted(checks, key=lambda d: d["server_id"]):
+        for v in doc["settings"]:
+            decided = int(((m["server_id"] == doc["server_id"]) & (reasons == v["reason"])).sum())
+            ties = f" ({v['near_ties']} near ties)" if v.get("near_ties") else ""
+            ident = f"{v['identical']} of {v['requests']}{ties}" if v["greedy"] else "—"
+            t.add(f"`{doc['server_id']}`", f"`{doc['twin']}`", v["label"], (v["verdict"] or "—").capitalize(), ident,
+                  f"{fmt.pct(v.get('share_below_floor'))} / {fmt.pct(v.get('twin_share_below_floor'))}",
+                  f"{fmt.whole(v.get('mean_logprob'), '{:.2f}')} / {fmt.whole(v.get('twin_mean_logprob'), '{:.2f}')}",
+                  fmt.pct(v.get("acceptance")), str(decided))
+    return t
+
+
+def lossless_notes(checks: list[dict[str, Any]], m: pd.DataFrame, device: str) -> list[str]:
+    """What the verdicts mean here: each Lossy setting's reason, the configs left unchecked, and on the CPU
+    what a Lossy sampled verdict says about benchmarking speculation there."""
+    notes = [f"`{d['server_id']}`, {v['label']}: {v['reason']}." for d in checks for v in d["settings"]
+             if v["verdict"] == "lossy"]
+    checked = {d["server_id"] for d in checks}
+    spec = sorted(set(m.loc[m["spec_tokens"] > 0, "server_id"]) - checked) if "spec_tokens" in m else []
+    if spec:
+        notes.append(f"Not checked: {', '.join(f'`{s}`' for s in spec)} (no config of the experiment has the same "
+                     "model and arguments without speculation to compare with; add one to check them).")
+    lossy_sampled = any(v["verdict"] == "lossy" and not v["greedy"] for d in checks for v in d["settings"])
+    if lossy_sampled and device == "cpu":
+        notes.append("On vLLM for the CPU, sampled requests through a speculative config do not keep the target's "
+                     "distribution (greedy ones do): benchmark speculation there greedy; a sampled speculative "
+                     "figure measures another model's output (docs/fidelity.md).")
+    return notes
+
+
 def gate_verdict_text(gate: str, d: dict[str, Any]) -> str:
     """PASS, or FAIL with its reason; a gate the experiment expects to fail says so (and why), and a pass it
     did not expect is called unexpected."""

@@ -21,6 +21,7 @@ from .base import (
     names,
     order_of,
     register,
+    sampling_of,
 )
 
 # each module registers its kind as it is imported; the order of the kinds is their ``order``, not this one
@@ -28,4 +29,4 @@ for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["REGISTRY", "Cell", "CellRun", "Measured", "Workload", "cell_id_pattern", "cell_key_pattern", "get",
-           "names", "order_of", "register"]
+           "names", "order_of", "register", "sampling_of"]

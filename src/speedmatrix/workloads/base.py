@@ -30,8 +30,9 @@ if TYPE_CHECKING:  # types only: the client is imported where a cell runs
 REGISTRY: dict[str, Workload] = {}
 
 # the part of a cell id after its kind that every kind shares: ctx<N>[-c<M>][-share<P>][-code | -data-<dataset>]
-# [-temp<T>] (``Cell.id`` writes it); a kind's own ending follows (``Workload.id_pattern``, ``cell_key_pattern``)
-BASE_KEY_PATTERN = r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code|-data-[a-z][a-z0-9_]*)?(-temp[0-9.]+)?"
+# [-temp<T>[-fp<F>]] (``Cell.id`` writes it); a kind's own ending follows (``Workload.id_pattern``,
+# ``cell_key_pattern``)
+BASE_KEY_PATTERN = r"ctx[0-9]+(-c[0-9]+)?(-share[0-9.]+)?(-code|-data-[a-z][a-z0-9_]*)?(-temp[0-9.]+(-fp-?[0-9.]+)?)?"
 
 
 def _share_label(fraction: float) -> str:
@@ -56,7 +57,8 @@ class Cell:
     # a kind's own settings (canonical JSON; slo_search: its target and stopping rule): part of the cell's
     # definition, so a change measures the cell again
     options: str = ""
-    # sampling instead of greedy (canonical JSON of the block's ``sampling``: temperature, top_p, seed); "" greedy
+    # how its requests decode (canonical JSON of the block's ``sampling``: temperature, top_p, seed,
+    # frequency_penalty); "" greedy
     sampling: str = ""
 
     @property
@@ -83,7 +85,8 @@ class Cell:
         elif self.corpus != "prose":  # one of the experiment's datasets
             out += f"-data-{self.corpus}"
         if self.sampling:
-            out += f"-temp{self.sampling_params['temperature']:g}"
+            s = self.sampling_params
+            out += f"-temp{s['temperature']:g}" + (f"-fp{s['frequency_penalty']:g}" if "frequency_penalty" in s else "")
         return out + self.kind.id_suffix(self)
 
     def as_dict(self) -> dict[str, Any]:
