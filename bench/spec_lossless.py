@@ -32,6 +32,7 @@ import json
 import math
 import os
 import platform
+import re
 import signal
 import socket
 import subprocess
@@ -219,11 +220,12 @@ def main() -> None:
             if server == "none":
                 scores = {s: {name: [score(srv.url, ids[i], o) for i, o in enumerate(r["outputs"])]
                               for name, r in runs[s].items()} for s in runs}
-        except OSError as exc:  # a speculative server whose engine dies is a finding: its last error line
+        except OSError as exc:  # a speculative server whose engine dies is a finding: its first error
             if server == "none":
                 raise
-            errors = [ln for ln in srv.log.read_text(errors="replace").splitlines() if "Error" in ln]
-            failed[server] = (errors[-1].split("]", 1)[-1].strip() if errors else str(exc))[:300]
+            errors = [ln for ln in srv.log.read_text(errors="replace").splitlines()
+                      if " ERROR " in ln and re.search(r"\w+Error: ", ln)]
+            failed[server] = (errors[0].split("]", 1)[-1].strip() if errors else str(exc))[:300]
             print(f"{server}: the server failed: {failed[server]}", flush=True)
         finally:
             srv.stop()

@@ -120,7 +120,7 @@ def test_the_reference_asks_vllm_bench_serve_for_the_same_arrivals(tmp_path):
     assert cell.kind.for_reference(cell).opts["warmup_s"] == 0
     data = yaml.safe_load((REPO / "config/experiments/tiny-cpu.yaml").read_text())
     data["workloads"]["rate"].update(arrival="constant")
-    data["reference"] = {"cells": ["rate-ctx128-temp0.7-r2-constant"], "clients": ["vllm_bench_serve"]}
+    data["reference"] = {"cells": ["rate-ctx128-temp0-fp0.5-r2-constant"], "clients": ["vllm_bench_serve"]}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(experiment.ConfigError, match="constant arrivals: vllm bench serve draws Poisson or gamma"):
         experiment.load("c", tmp_path)
@@ -128,7 +128,7 @@ def test_the_reference_asks_vllm_bench_serve_for_the_same_arrivals(tmp_path):
     # a client that cannot send at a rate sits the rate cells out (its other cells it measures); with no client
     # that can, the reference is refused. (aiperf looked for in this Python, where it is not: its import check
     # answers at once.)
-    rate_id = "rate-ctx128-temp0.7-r2-poisson"
+    rate_id = "rate-ctx128-temp0-fp0.5-r2-poisson"
     data["workloads"]["capacity"] = [data["workloads"]["capacity"], {"contexts": [128], "concurrency": [4],
                                                                      "requests": 8, "max_tokens": 16}]
     data["reference"] = {"cells": [rate_id, "capacity-ctx128-c4"], "clients": ["vllm_bench_serve", "aiperf"],

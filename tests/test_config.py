@@ -148,20 +148,25 @@ def test_the_schemas_defaults_are_applied_once_when_an_experiment_loads(exp_dir)
 
 
 def test_a_sampled_block_gives_cells_that_ask_for_it(exp_dir):
-    """`sampling` in a block: its cells' ids end in -temp<T>, the cell records it, and request i asks for the
-    temperature, top_p and seed + i (a greedy cell asks for temperature 0 and no seed)."""
+    """`sampling` in a block: its cells' ids end in -temp<T> (then -fp<F> with a frequency penalty), the cell
+    records it, and request i asks for the temperature, top_p and seed + i (a greedy cell asks for temperature 0
+    and no seed; greedy with a frequency penalty asks for both)."""
     from speedmatrix.jobs import cells
 
-    write(exp_dir, "sampled", lambda d: first_decode(d).update(sampling={"temperature": 0.7, "top_p": 0.9}))
+    write(exp_dir, "sampled", lambda d: first_decode(d).update(sampling={"temperature": 0.8, "top_p": 0.9}))
     exp = experiment.load("sampled", exp_dir)
-    sampled = [c for c in exp.cells("base") if c.workload == "decode" and c.id != "decode-ctx128-c4"]
-    assert all(c.id.endswith("-temp0.7") and re.fullmatch(workloads.cell_id_pattern(), c.id) for c in sampled)
-    assert sampled[0].as_dict()["sampling"] == {"temperature": 0.7, "top_p": 0.9, "seed": 0}
+    sampled = [c for c in exp.cells("base") if c.workload == "decode" and c.id.endswith("-temp0.8")]
+    assert len(sampled) == 12 and all(re.fullmatch(workloads.cell_id_pattern(), c.id) for c in sampled)
+    assert sampled[0].as_dict()["sampling"] == {"temperature": 0.8, "top_p": 0.9, "seed": 0}
     body = cells.request_options(sampled[0], exp.client).payload("m", [1, 2], index=3)
-    assert (body["temperature"], body["top_p"], body["seed"]) == (0.7, 0.9, 3)
+    assert (body["temperature"], body["top_p"], body["seed"]) == (0.8, 0.9, 3) and "frequency_penalty" not in body
     greedy = exp.cell("base", "decode-ctx128-c4")
     body = cells.request_options(greedy, exp.client).payload("m", [1, 2], index=3)
     assert body["temperature"] == 0 and "seed" not in body and "sampling" not in greedy.as_dict()
+    penalised = exp.cell("base", "latency-ctx128-temp0-fp0.5")
+    assert re.fullmatch(workloads.cell_id_pattern(), penalised.id)
+    body = cells.request_options(penalised, exp.client).payload("m", [1, 2], index=3)
+    assert (body["temperature"], body["frequency_penalty"], body["seed"]) == (0, 0.5, 3)
 
 
 def test_a_cell_handed_to_its_job_is_the_cell_the_experiment_expands():

@@ -108,11 +108,11 @@ def test_matrix_is_real_and_complete(full_run):
     decode = m[m.workload == "decode"]
     assert set(decode.status) <= {"valid", "looped", "unstable", "over_capacity", "client_bound", "lossy"}
     # the client check: every window measured records the longest time the client stood still; a window where
-    # it stood still for more than a quarter (2 cores shared with the server) is Client-bound, said why
+    # it stood still for more than half of it (2 cores shared with the server) is Client-bound, said why
     sent = decode[decode.status != "over_capacity"]
     assert sent.client_stall_s.ge(0).all()
     bound = decode[decode.status == "client_bound"]
-    assert (bound.client_stall_s > 0.25 * bound.duration_s).all()
+    assert (bound.client_stall_s > 0.5 * bound.duration_s).all()
     assert bound.status_reason.str.contains("stood still").all()
     over = decode[decode.status == "over_capacity"]
     assert len(over) >= 1

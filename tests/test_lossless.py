@@ -100,6 +100,16 @@ def test_a_cell_whose_setting_is_lossy_gets_the_status_lossy_and_the_columns():
     greedy = loopcheck.judge_cell(cell_doc(), requests, {}, None, check_doc("lossy"))
     assert greedy["cell_status"] == "valid" and greedy["lossless_verdict"] == "lossless"
     assert greedy["lossless_identical_share"] == 1.0
+    # Lossy comes before the measurement's own verdict (the reason keeps it); over capacity sent nothing
+    bound = cell_doc(SAMPLED)
+    bound["result"].update(status="client_bound", status_reason="the client stood still 2.0 s")
+    judged = loopcheck.judge_cell(bound, requests, {}, None, check_doc("lossy"))
+    assert judged["cell_status"] == "lossy" and "also client-bound: the client stood still" in judged["status_reason"]
+    assert judged["lossless_setting"] == "temperature 0.7, top_p 0.95"
+    over = cell_doc(SAMPLED)
+    over["result"]["status"] = "over_capacity"
+    judged = loopcheck.judge_cell(over, requests.iloc[0:0], {}, None, check_doc("lossy"))
+    assert judged["cell_status"] == "over_capacity"
     # no check (a config without speculation, or without a twin): no verdict, nothing changed
     plain = loopcheck.judge_cell(cell_doc(SAMPLED), requests, {}, None, None)
     assert plain["cell_status"] == "valid" and plain["lossless_verdict"] is None

@@ -95,7 +95,8 @@ COLUMNS: list[C] = [
     C("total_tok_s_window", RESULT, "output_throughput_window"), C("steady_fraction", RESULT), C("delivery"),
     C("delivery_burst_share", RESULT),
     # the losslessness check of the cell's speculative config for its sampling setting (speedmatrix.judge.lossless)
-    C("lossless_verdict", LOOPS), C("lossless_reason", LOOPS), C("lossless_identical_share", LOOPS),
+    C("lossless_verdict", LOOPS), C("lossless_setting", LOOPS), C("lossless_reason", LOOPS),
+    C("lossless_identical_share", LOOPS),
     C("lossless_share_below_floor", LOOPS), C("lossless_twin_share_below_floor", LOOPS),
     # the client check of a sustained-decode window: the longest time its event loop stood still
     C("client_stall_s", RESULT),

@@ -117,9 +117,10 @@ def stability_verdict(cell: dict[str, Any], max_cv: float) -> str | None:
 
 def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str, Any],
                stability: dict[str, Any] | None = None, check: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Loop verdicts per request and the cell's status: the measurement's own (over capacity, client-bound), else
-    lossy (``check``: its config's losslessness check found the cell's sampling setting Lossy), else looped
-    (under the policy), else unstable (repeats spread above ``stability.max_cv``), else valid."""
+    """Loop verdicts per request and the cell's status: over capacity (nothing sent), else lossy (``check``: its
+    config's losslessness check found the cell's sampling setting Lossy; a client-bound measurement says so in
+    the reason), else the measurement's own (client-bound), else looped (under the policy), else unstable
+    (repeats spread above ``stability.max_cv``), else valid."""
     settings = dict(section_defaults("loops", settings))
     policy = settings.pop("policy")
     max_fraction = float(settings.pop("max_loop_fraction"))
@@ -133,9 +134,12 @@ def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str,
     res = cell["result"]
     status = res["status"]
     reason = res.get("status_reason")  # a measurement's own verdict (client_bound: why)
+    # Lossy before any other verdict on a measurement: whatever else held, the output measured is not the target's
     fidelity = lossless.for_cell(check, cell["cell"].get("sampling"))
-    if status == "valid" and fidelity and fidelity["verdict"] == lossless.LOSSY:
-        status, reason = "lossy", f"speculative output is not the target's ({fidelity['label']}): {fidelity['reason']}"
+    if status != "over_capacity" and fidelity and fidelity["verdict"] == lossless.LOSSY:
+        also = "" if status == "valid" else f"; the measurement also {status.replace('_', '-')}: {reason}"
+        status, reason = "lossy", (f"speculative output is not the target's ({fidelity['label']}): "
+                                   f"{fidelity['reason']}{also}")
     if status == "valid" and fraction and (policy == "any" or (policy == "fraction" and fraction > max_fraction)):
         status = "looped"
         reason = f"{n_looped} of {n} requests looped"

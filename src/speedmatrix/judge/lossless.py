@@ -160,7 +160,8 @@ def for_cell(check: dict[str, Any] | None, sampling: dict[str, Any] | None) -> d
 def cell_fields(verdict: dict[str, Any] | None) -> dict[str, Any]:
     """The matrix's columns of a cell's check (the loop stage writes them beside its status)."""
     v = verdict or {}
-    return {"lossless_verdict": v.get("verdict"), "lossless_reason": v.get("reason"),
+    return {"lossless_verdict": v.get("verdict"), "lossless_setting": v.get("label"),
+            "lossless_reason": v.get("reason"),
             "lossless_identical_share": v.get("identical_share"),
             "lossless_share_below_floor": v.get("share_below_floor"),
             "lossless_twin_share_below_floor": v.get("twin_share_below_floor")}

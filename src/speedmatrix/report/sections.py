@@ -417,10 +417,10 @@ def lossless_table(checks: list[dict[str, Any]], m: pd.DataFrame) -> Table | Non
         return None
     t = Table(["Config", "Twin", "Setting", "Verdict", "Greedy: identical", "Below floor: config / twin",
                "Mean target log-prob: config / twin", "Acceptance", "Cells"])
-    reasons = m["lossless_reason"] if "lossless_reason" in m else pd.Series(index=m.index, dtype=object)
+    setting = m["lossless_setting"] if "lossless_setting" in m else pd.Series(index=m.index, dtype=object)
     for doc in sorted(checks, key=lambda d: d["server_id"]):
         for v in doc["settings"]:
-            decided = int(((m["server_id"] == doc["server_id"]) & (reasons == v["reason"])).sum())
+            decided = int(((m["server_id"] == doc["server_id"]) & (setting == v["label"])).sum())
             ties = f" ({v['near_ties']} near ties)" if v.get("near_ties") else ""
             ident = f"{v['identical']} of {v['requests']}{ties}" if v["greedy"] else "—"
             t.add(f"`{doc['server_id']}`", f"`{doc['twin']}`", v["label"], (v["verdict"] or "—").capitalize(), ident,
