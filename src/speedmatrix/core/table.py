@@ -58,11 +58,14 @@ class Table:
 
     columns: list[str]
     rows: list[list[str]] = field(default_factory=list)
+    # each row's anchor on the page (a link `[text](#anchor)` elsewhere leads to it), or None
+    ids: list[str | None] = field(default_factory=list)
 
-    def add(self, *cells: object) -> None:
+    def add(self, *cells: object, anchor: str | None = None) -> None:
         if len(cells) != len(self.columns):
             raise ValueError(f"a row of {len(cells)} cells in a table of {len(self.columns)} columns")
         self.rows.append([str(c) for c in cells])
+        self.ids.append(anchor)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -106,12 +109,16 @@ def markdown(blocks: Iterable[Block]) -> str:
 # ---- HTML ------------------------------------------------------------------
 
 _CODE = re.compile(r"`([^`]+)`")
+# a link to an anchor of the page: [text](#anchor)
+_LINK = re.compile(r"\[([^\]]+)\]\((#[a-z0-9-]+)\)")
 
 
 def inline_html(text: str) -> str:
-    """Text with `code` spans: escaped, the spans as <code>."""
+    """Text with `code` spans and [links](#anchor) to the page's anchors: escaped, the spans as <code>, the links
+    as <a>."""
     parts = _CODE.split(text)
-    return "".join(f"<code>{html.escape(p)}</code>" if k % 2 else html.escape(p) for k, p in enumerate(parts))
+    return "".join(f"<code>{html.escape(p)}</code>" if k % 2 else _LINK.sub(r'<a href="\2">\1</a>', html.escape(p))
+                   for k, p in enumerate(parts))
 
 
 def slug(text: str) -> str:
@@ -119,16 +126,19 @@ def slug(text: str) -> str:
 
 
 def _cell(text: str, statuses: dict[str, str]) -> str:
-    """A table cell; one that starts with a status's label gets that status's colour."""
+    """A table cell; one that starts with a status's label, or ends with it in brackets ("1,234.5 (Unstable)"),
+    gets that status's colour."""
     for label, key in statuses.items():
-        if text == label or text.startswith(label + " ") or text.startswith(label + "("):
+        if text == label or text.startswith((label + " ", label + "(")) or text.endswith(f"({label})"):
             return f'<td class="st st-{key}">{inline_html(text)}</td>'
     return f"<td>{inline_html(text)}</td>"
 
 
 def table_html(t: Table, statuses: dict[str, str] | None = None) -> str:
     head = "".join(f'<th title="sort">{inline_html(c)}</th>' for c in t.columns)
-    body = "".join("<tr>" + "".join(_cell(c, statuses or {}) for c in row) + "</tr>" for row in t.rows)
+    ids = t.ids + [None] * (len(t.rows) - len(t.ids))
+    body = "".join((f'<tr id="{html.escape(i)}">' if i else "<tr>") + "".join(_cell(c, statuses or {}) for c in row)
+                   + "</tr>" for row, i in zip(t.rows, ids))
     return f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 

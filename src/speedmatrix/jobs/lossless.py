@@ -3,10 +3,11 @@
 ``outputs_rule`` runs on the speculative config's server: for each sampling setting its cells use, the check's
 prompts one request at a time (request i seeded seed + i where sampled, as a cell sends them), each output's
 token ids kept, the speculative acceptance over them from the server's counters. ``verdict_rule`` runs on the
-twin's server (the same model and arguments without speculation): the same prompts and settings, then every
-emitted token of both scored by the target (``prompt_logprobs`` over the prompt's and the output's ids), and
-the verdict per setting (speedmatrix.judge.lossless). One request at a time: a batch's numerics are the
-engine's business, and the loss this check exists for shows most there.
+twin's server (the same model and arguments without speculation): the same prompts and settings, then the
+emitted tokens of both scored by the target (``prompt_logprobs`` over the prompt's and the output's ids: every
+token of a sampled setting; of a greedy one, only outputs that differ), and the verdict per setting
+(speedmatrix.judge.lossless). One request at a time: a batch's numerics are the engine's business, and the loss
+this check exists for showed at one request at a time on vLLM for the CPU.
 """
 
 from __future__ import annotations
@@ -114,8 +115,11 @@ def verdict_rule(job: JobContext, spec_outputs: str, check: dict[str, Any], out_
         judged = []
         for key, spec in theirs["settings"].items():
             twin = ours["settings"][key]
-            spec_scores = [score(url, model, p, o) for p, o in zip(theirs["prompts"], spec["outputs"])]
-            twin_scores = [score(url, model, p, o) for p, o in zip(ours["prompts"], twin["outputs"])]
+            need = set(verdicts.to_score(spec["sampling"], spec["outputs"], twin["outputs"]))
+            spec_scores = [score(url, model, p, o) if i in need else []
+                           for i, (p, o) in enumerate(zip(theirs["prompts"], spec["outputs"]))]
+            twin_scores = [score(url, model, p, o) if i in need else []
+                           for i, (p, o) in enumerate(zip(ours["prompts"], twin["outputs"]))]
             v = verdicts.judge(spec["sampling"], spec["outputs"], twin["outputs"], spec_scores, twin_scores, check)
             v["acceptance"] = spec["acceptance"]
             print(f"{v['label']}: {v['verdict']}: {v['reason']}")

@@ -109,8 +109,8 @@ def greedy_verdict(ours: list[list[int]], twins: list[list[int]], our_scores: li
 
 
 def floor_figures(our_scores: list[list[float]], twin_scores: list[list[float]], floor: float) -> dict[str, Any]:
-    """Tokens, the share the target scores below ``floor`` and the mean target log-prob, the config's and the
-    twin's (beside a greedy verdict too: they say how far a lost output strayed)."""
+    """Tokens scored, the share the target scores below ``floor`` and the mean target log-prob, the config's and
+    the twin's."""
     out: dict[str, Any] = {}
     for prefix, scores in (("", our_scores), ("twin_", twin_scores)):
         flat = [x for seq in scores for x in seq]
@@ -136,14 +136,24 @@ def sampled_verdict(our_scores: list[list[float]], twin_scores: list[list[float]
     return {**out, "excess_share": excess, "verdict": LOSSLESS, "reason": f"{said} (limit {max_excess:.0%} more)"}
 
 
+def to_score(sampling: dict[str, Any] | None, ours: list[list[int]], twins: list[list[int]]) -> list[int]:
+    """The requests whose tokens the twin must score: every one where sampled; where greedy, only those whose
+    outputs differ (the gap at their first difference). Identical greedy outputs need no score, so a server
+    that cannot give ``prompt_logprobs`` still checks greedy settings."""
+    if not is_greedy(sampling):
+        return list(range(len(ours)))
+    return [i for i, (a, b) in enumerate(zip(ours, twins)) if a != b]
+
+
 def judge(sampling: dict[str, Any] | None, ours: list[list[int]], twins: list[list[int]],
           our_scores: list[list[float]], twin_scores: list[list[float]], settings: dict[str, Any]) -> dict[str, Any]:
-    """One sampling setting's verdict, greedy or sampled, with its figures."""
-    head = {"setting": setting_key(sampling), "label": label(sampling), "greedy": is_greedy(sampling)}
+    """One sampling setting's verdict, greedy or sampled, with its figures. The scores are per request, aligned
+    with the outputs; a request :func:`to_score` left out has an empty list."""
+    head = {"setting": setting_key(sampling), "label": label(sampling), "greedy": is_greedy(sampling),
+            "tokens": sum(map(len, ours)), "twin_tokens": sum(map(len, twins))}
     if is_greedy(sampling):
         fp = float((sampling or {}).get("frequency_penalty", 0.0))
-        return {**head, **greedy_verdict(ours, twins, our_scores, twin_scores, fp, float(settings["tie_logprob_gap"])),
-                **floor_figures(our_scores, twin_scores, float(settings["logprob_floor"]))}
+        return {**head, **greedy_verdict(ours, twins, our_scores, twin_scores, fp, float(settings["tie_logprob_gap"]))}
     return {**head, **sampled_verdict(our_scores, twin_scores, float(settings["logprob_floor"]),
                                       float(settings["max_excess_share"]))}
 

@@ -175,7 +175,10 @@ class Experiment:
                      and all(getattr(s, k) == getattr(srv, k) for k in same)), None)
 
     def lossless_checks(self) -> dict[str, str]:
-        """Every speculative config that has a twin -> its twin (the checks the workflow runs)."""
+        """Every speculative config that has a twin -> its twin (the checks the workflow runs; none where the
+        experiment turns the check off, ``lossless.enabled: false``)."""
+        if not self.lossless["enabled"]:
+            return {}
         pairs = {s.id: self.twin_of(s.id) for s in self.servers if s.speculative}
         return {spec: twin for spec, twin in pairs.items() if twin}
 

@@ -49,6 +49,30 @@ def server_section(sid: str, m: pd.DataFrame) -> list[Block]:
     return out
 
 
+def summary_blocks(matrix: pd.DataFrame, decisions: pd.DataFrame | None) -> list[Block]:
+    """The answer first: the statuses, each config's context x concurrency matrix, the best config per target,
+    whether speculation pays, and the cells to look at before trusting a figure. The detail follows."""
+    out: list[Block] = [Heading(2, "Summary"), Para(sections.status_counts(matrix))]
+    kind = next((workloads.get(n) for n in ("decode", "capacity") if (matrix["workload"] == n).any()), None)
+    if kind is not None:
+        out += [Heading(3, f"{kind.title}, per server config"), Para(kind.blurb)]
+        for sid in dict.fromkeys(matrix["server_id"]):
+            rows = matrix[(matrix["server_id"] == sid) & (matrix["workload"] == kind.name)]
+            if not rows.empty:
+                out += [Para(f"`{sid}`"), kind.report_table(rows)]
+    best = sections.best_config_table(decide.best_configs(decisions))
+    out += _section("Best config per target", "The config with the highest goodput where the target holds "
+                    "(Decisions, below, has the targets and every cell).", best, level=3)
+    out += _section("Does speculation pay here?", "Each speculative config's sustained-decode cells against the "
+                    "same cells without speculation (both Valid or Unstable), its acceptance, and whether its "
+                    "output stays the target's (its losslessness check, per sampling setting).",
+                    sections.speculation_pays_table(matrix), level=3)
+    out += _section("Cells to look at", "Not plain Valid measurements: Client-bound (the client, not the server, "
+                    "set the figure), Saturated, Looped, Unstable, Lossy; each links to its row.",
+                    sections.needs_a_look_table(matrix), level=3)
+    return out
+
+
 def decision_blocks(matrix: pd.DataFrame, decisions: pd.DataFrame | None, targets: list) -> list[Block]:
     """Targets, the best config per target, the best sweep point, the Pareto frontier, goodput per cell."""
     best = decide.best_configs(decisions)
@@ -77,9 +101,10 @@ def decision_blocks(matrix: pd.DataFrame, decisions: pd.DataFrame | None, target
     return [Heading(2, "Decisions"), *body] if body else []
 
 
-def lossless_blocks(checks: list[dict[str, Any]], matrix: pd.DataFrame, device: str) -> list[Block]:
+def lossless_blocks(checks: list[dict[str, Any]], matrix: pd.DataFrame, device: str,
+                    enabled: bool = True) -> list[Block]:
     """Does each speculative config keep its target's output? The check's verdicts and what they mean."""
-    notes = sections.lossless_notes(checks, matrix, device)
+    notes = sections.lossless_notes(checks, matrix, device, enabled)
     return _section("Does speculation keep the output?", "Speculative decoding is a speed-up only if the output is "
                     "what the target alone gives. Each speculative config and its twin (the same model and arguments "
                     "without speculation) answered the same prompts, one at a time, with each sampling setting of "
@@ -93,7 +118,8 @@ def lossless_blocks(checks: list[dict[str, Any]], matrix: pd.DataFrame, device: 
 
 
 def speculation_blocks(matrix: pd.DataFrame, requests: pd.DataFrame | None,
-                       checks: list[dict[str, Any]] | None = None, device: str = "gpu") -> list[Block]:
+                       checks: list[dict[str, Any]] | None = None, device: str = "gpu",
+                       check_enabled: bool = True) -> list[Block]:
     """Speculative decoding per cell, whether it keeps the output, and each dataset category's figures."""
     spec = _section("Speculative decoding", "Each decode cell of a config with a drafter: the server's acceptance "
                     "rate (accepted / drafted tokens), mean acceptance length (1 + accepted per step) and acceptance "
@@ -101,7 +127,7 @@ def speculation_blocks(matrix: pd.DataFrame, requests: pd.DataFrame | None,
                     "the whole output and before each request's loop starts (a loop is easy to predict: acceptance "
                     "over it is inflated); output tok/s against the same cell of the model without a drafter.",
                     sections.speculative_table(matrix))
-    return spec + lossless_blocks(checks or [], matrix, device) + _section(
+    return spec + lossless_blocks(checks or [], matrix, device, check_enabled) + _section(
         "By dataset category", "Cells whose prompts came from a dataset with categories: each "
                            "category's requests, their median time to first token and output rate, and the "
                            "speculative acceptance the client read from their streamed events (the server's "
@@ -115,11 +141,14 @@ def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
            models_lock: dict[str, Any] | None = None,
            references: list[dict[str, Any]] | None = None, decisions: pd.DataFrame | None = None,
            targets: list | None = None, requests: pd.DataFrame | None = None,
-           checks: list[dict[str, Any]] | None = None, device: str = "gpu") -> list[Block]:
+           checks: list[dict[str, Any]] | None = None, device: str = "gpu",
+           check_enabled: bool = True) -> list[Block]:
     out: list[Block] = [Heading(1, experiment_name)]
     if description:
         out.append(Para(" ".join(description.split())))
-    out += [Bullets(sections.runtime_lines(lock, models_lock) + sections.run_lines(matrix, startups)),
+    out += summary_blocks(matrix, decisions)
+    out += [Heading(2, "Run"),
+            Bullets(sections.runtime_lines(lock, models_lock) + sections.run_lines(matrix, startups)),
             Heading(2, "Servers"),
             sections.servers_table(matrix, startups)]
     if gates:
@@ -132,7 +161,7 @@ def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
                          for k, v in sweep["vary"].items())
         out += _section(sweep.get("title") or f"Sweep {sweep['id']}", f"Sweep `{sweep['id']}`: {vary}.",
                         sections.sweep_tables(matrix, servers))
-    out += speculation_blocks(matrix, requests, checks, device)
+    out += speculation_blocks(matrix, requests, checks, device, check_enabled)
     out += decision_blocks(matrix, decisions, targets or [])
     synthesized = [n for n, m in ((models_lock or {}).get("models") or {}).items() if m.get("source") == "synthesize"]
     if synthesized:
@@ -238,6 +267,6 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
     doc = blocks(matrix, startups, lock, chart_links, exp.name, exp.raw.get("description", ""),
                  exp.loops if loop_settings is None else loop_settings, sweeps, gates, models_lock, references,
                  decisions, exp.targets, requests, [atomic.read_json(p) for p in lossless_paths],
-                 exp.runtime["device"])
+                 exp.runtime["device"], exp.lossless["enabled"])
     write(out["md"], out["html"], doc, exp.name)
     print(f"report: {out['md']}")

@@ -10,7 +10,7 @@ import pandas as pd
 
 from .. import workloads
 from ..core import fmt
-from ..core.table import Para, Table
+from ..core.table import Para, Table, slug
 from ..jobs.gates import GATES
 from ..judge.loopcheck import steps_of
 from ..peers import OURS, normalized
@@ -73,6 +73,76 @@ def latency(r: Any, column: str) -> str:
     return with_interval(r, column, fmt.ms)
 
 
+# ---- the summary: the answer first ------------------------------------------------------------------------------
+
+# the statuses whose cells a reader should look at before trusting the run (the summary lists them)
+NEEDS_A_LOOK = ("client_bound", "saturated", "looped", "unstable", "lossy")
+
+
+def cell_anchor(server_id: str, cell_id: str) -> str:
+    """The page anchor of a cell's row in its server config's "All measurements" table."""
+    return "cell-" + slug(f"{server_id}-{cell_id}")
+
+
+def status_counts(m: pd.DataFrame) -> str:
+    """"64 cells on 3 server configs: 39 Valid, 12 Client-bound, ..." (most first)."""
+    counts = m["status"].value_counts()
+    said = ", ".join(f"{n} {fmt.status(s)}" for s, n in counts.items())
+    return f"{len(m)} cells on {m['server_id'].nunique()} server configs: {said}."
+
+
+def spec_versus_plain(m: pd.DataFrame) -> pd.DataFrame:
+    """Each usable sustained-decode cell of a speculative config beside the same cell of a config of the same
+    model without speculation (the first such): both figures and the change."""
+    closed_loop = m["workload"].map(lambda w: workloads.get(w).cut_at_window_end)
+    usable = m[closed_loop & m["status"].isin(("valid", "unstable"))]
+    plain = usable[usable["spec_tokens"] == 0].drop_duplicates(["cell_id", "model"])
+    spec = usable[usable["spec_tokens"] > 0]
+    both = spec.merge(plain[["cell_id", "model", "total_tok_s"]], on=["cell_id", "model"], suffixes=("", "_plain"))
+    both["change"] = both["total_tok_s"] / both["total_tok_s_plain"] - 1
+    return both
+
+
+def speculation_pays_table(m: pd.DataFrame) -> Table | None:
+    """Per speculative config: does it pay here, by how much over the decode cells both configs measured, with
+    its acceptance and whether it keeps the target's output (its losslessness check)."""
+    spec_ids = list(dict.fromkeys(m.loc[m["spec_tokens"] > 0, "server_id"])) if "spec_tokens" in m else []
+    if not spec_ids:
+        return None
+    both = spec_versus_plain(m)
+    t = Table(["Config", "Method", "k", "Decode cells compared", "Output tok/s vs no speculation (median)",
+               "Range", "Acceptance (median)", "Output kept"])
+    for sid in spec_ids:
+        mine, rows = both[both["server_id"] == sid], m[m["server_id"] == sid]
+        first = rows.iloc[0]
+        kept = "not checked"
+        if "lossless_verdict" in rows and "lossless_setting" in rows:  # (a run aggregated before the check: no)
+            verdicts = rows.dropna(subset=["lossless_verdict"]).groupby(["lossless_setting", "lossless_verdict"],
+                                                                         sort=False)
+            kept = "; ".join(f"{v.capitalize()} ({s})" for (s, v), _ in verdicts) or kept
+        if mine.empty:
+            t.add(f"`{sid}`", first.get("spec_method") or "—", int(first["spec_tokens"]), 0, "—", "—", "—", kept)
+            continue
+        change = mine["change"]
+        t.add(f"`{sid}`", first.get("spec_method") or "—", int(first["spec_tokens"]), len(mine),
+              f"{change.median():+.0%}", f"{change.min():+.0%} to {change.max():+.0%}",
+              fmt.pct(mine["spec_acceptance_rate"].median()), kept)
+    return t
+
+
+def needs_a_look_table(m: pd.DataFrame) -> Table | None:
+    """The cells whose figures are not plain Valid measurements, each linked to its row, with why."""
+    look = by_phase(m[m["status"].isin(NEEDS_A_LOOK)], "server_id", "context_tokens", "concurrency")
+    if look.empty:
+        return None
+    t = Table(["Config", "Cell", "Status", "Why"])
+    for r in look.itertuples():
+        why = str(r.status_reason) if not fmt.missing(r.status_reason) else ""
+        t.add(f"`{r.server_id}`", f"[{r.cell_id}](#{cell_anchor(r.server_id, r.cell_id)})", fmt.status(r.status),
+              why if len(why) <= 200 else why[:199] + "…")
+    return t
+
+
 def full_table(m: pd.DataFrame) -> Table:
     """Every cell of one server config, seed 002's full measurements table."""
     t = Table(["Phase", "Context", "Requests at once", "Status", "Total tok/s", "Per request tok/s", "TTFT",
@@ -91,7 +161,8 @@ def full_table(m: pd.DataFrame) -> Table:
               shown(fmt.integer(r.completed_requests)), shown(fmt.integer(r.output_tokens)),
               shown(fmt.seconds(r.measured_s)),
               "—" if fmt.missing(r.loop_fraction) else f"{float(r.loop_fraction):.0%}",
-              fmt.num(r.total_tok_s_non_looping) if measured and kind.headline_tok_s == "total_tok_s" else "—")
+              fmt.num(r.total_tok_s_non_looping) if measured and kind.headline_tok_s == "total_tok_s" else "—",
+              anchor=cell_anchor(r.server_id, r.cell_id))
     return t
 
 
@@ -430,7 +501,7 @@ def lossless_table(checks: list[dict[str, Any]], m: pd.DataFrame) -> Table | Non
     return t
 
 
-def lossless_notes(checks: list[dict[str, Any]], m: pd.DataFrame, device: str) -> list[str]:
+def lossless_notes(checks: list[dict[str, Any]], m: pd.DataFrame, device: str, enabled: bool = True) -> list[str]:
     """What the verdicts mean here: each Lossy setting's reason, the configs left unchecked, and on the CPU
     what a Lossy sampled verdict says about benchmarking speculation there."""
     notes = [f"`{d['server_id']}`, {v['label']}: {v['reason']}." for d in checks for v in d["settings"]
@@ -438,8 +509,9 @@ def lossless_notes(checks: list[dict[str, Any]], m: pd.DataFrame, device: str) -
     checked = {d["server_id"] for d in checks}
     spec = sorted(set(m.loc[m["spec_tokens"] > 0, "server_id"]) - checked) if "spec_tokens" in m else []
     if spec:
-        notes.append(f"Not checked: {', '.join(f'`{s}`' for s in spec)} (no config of the experiment has the same "
-                     "model and arguments without speculation to compare with; add one to check them).")
+        why = ("no config of the experiment has the same model and arguments without speculation to compare with; "
+               "add one to check them" if enabled else "the experiment turns the check off: `lossless.enabled`")
+        notes.append(f"Not checked: {', '.join(f'`{s}`' for s in spec)} ({why}).")
     lossy_sampled = any(v["verdict"] == "lossy" and not v["greedy"] for d in checks for v in d["settings"])
     if lossy_sampled and device == "cpu":
         notes.append("On vLLM for the CPU, sampled requests through a speculative config do not keep the target's "
