@@ -151,7 +151,8 @@ def test_failed_cell_is_rerun_alone_on_slurm(slurm_runs):
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
     assert left == []
     m = pd.read_parquet(res / "matrix.parquet")
-    assert set(m.status) <= {"valid", "looped"}
+    # every cell measured (a decode window the client could not read in time on 2 cores is Client-bound: measured)
+    assert set(m.status) <= {"valid", "looped", "unstable", "client_bound"}
     # only the failed cell was measured again: the others are the stored bytes
     for p, data in stored.items():
         assert p.read_bytes() == data

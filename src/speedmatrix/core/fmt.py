@@ -87,3 +87,11 @@ def delta(a: Any, b: Any) -> str:
 
 def seconds(v: Any) -> str:
     return "—" if missing(v) else f"{float(v):.1f} s"
+
+
+def minutes(v: Any) -> str:
+    """A wall time as people read one: 312.4 -> "5 min 12 s", 31.6 -> "32 s"."""
+    if missing(v):
+        return "—"
+    m, s = divmod(int(round(float(v))), 60)
+    return f"{m} min {s} s" if m else f"{s} s"

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from ..core import fmt
 from ..plan.experiment import Experiment
 from . import reference
 
@@ -106,3 +107,19 @@ def moved_tag(exp: Experiment, lock_path: str | Path) -> str | None:
             f"{lock['digest']} ({lock_path}). Delete that file to pin the new image, which measures every "
             "cell again")
 
+
+
+RECORD = Path("docs") / "results" / "default" / "record.json"
+
+
+def recorded_run(exp: Experiment, record: Path = RECORD) -> str | None:
+    """What the last recorded run of this experiment took (bench/default_record.py's record), said before the run
+    starts, where the record is of the experiment as it is now (the same digest); else None."""
+    if not record.exists():
+        return None
+    rec = json.loads(record.read_text())
+    if rec.get("experiment") != exp.name or rec.get("experiment_digest") != exp.digest():
+        return None
+    return (f"the last recorded run of {exp.name} ({record.parent}/) had {rec['jobs']} jobs and took "
+            f"{fmt.minutes(rec['first_run_s'])} on {rec['machine']}, after an install of "
+            f"{fmt.minutes(rec['install_s'])}")

@@ -8,6 +8,7 @@ server (workload, context, concurrency, output cap, duration).
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,6 +242,16 @@ class Experiment:
                 out.extend(expand_block(srv.id, kind, {"repeats": self.default_repeats, **block},
                                         self.raw.get("slos")))
         return out
+
+    def digest(self) -> str:
+        """sha256 of what the experiment is made of on disk: its file, then each local dataset file it names (path
+        and bytes, in name order). A record of a run says which experiment it ran by this."""
+        h = hashlib.sha256(self.path.read_bytes())
+        for name, spec in sorted((self.raw.get("datasets") or {}).items()):
+            if "path" in spec:
+                h.update(f"\0{name}\0{spec['path']}\0".encode())
+                h.update(Path(spec["path"]).read_bytes())
+        return h.hexdigest()
 
     def dataset_of(self, cell: Cell) -> dict[str, Any] | None:
         """The spec of the dataset a cell's prompts come from (``datasets.<name>``), or None for a built-in corpus."""
