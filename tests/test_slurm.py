@@ -24,6 +24,10 @@ from speedmatrix.workloads import names as workload_names
 pytestmark = pytest.mark.slurm
 
 
+def server_rules() -> list[str]:
+    return [*workload_names(), "lossless_outputs", "lossless"]
+
+
 def slurm_cmd(work: Path, experiment_name: str, experiments_dir: Path | str = "config/experiments",
               *extra: str) -> list[str]:
     import sys
@@ -33,9 +37,10 @@ def slurm_cmd(work: Path, experiment_name: str, experiments_dir: Path | str = "c
         "--config", f"experiment={experiment_name}", f"results_dir={work / 'results'}",
         f"models_dir={work / 'models'}", f"experiments_dir={experiments_dir}",
         "--default-resources", "slurm_partition=debug", "slurm_account=none", "runtime=30", "mem_mb=2000",
-        # every cell kind has its rule (rules/cells.smk): two CPUs and 6 GB for each
-        "--set-threads", *(f"{k}=2" for k in workload_names()),
-        "--set-resources", *(f"{k}:mem_mb=6000" for k in workload_names()),
+        # every cell kind has its rule (rules/cells.smk), and the losslessness check two (rules/lossless.smk): two
+        # CPUs and 6 GB for each (this host's node has 2 CPUs: a group asking for more is never scheduled)
+        "--set-threads", *(f"{k}=2" for k in server_rules()),
+        "--set-resources", *(f"{k}:mem_mb=6000" for k in server_rules()),
         # the jobs run on this very host: the cluster's shared file system is the local disk
         "--shared-fs-usage", "input-output", "persistence", "software-deployment", "source-cache", "sources",
         "storage-local-copies", *extra,
