@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -49,8 +50,17 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def without_charts(report_md: str) -> str:
+    """The report's markdown with each chart's picture named instead of shown: the PNGs (about 3 MB) are not kept in
+    the record (the report rule draws them again from the run's matrix)."""
+    return re.sub(r"^!\[([^\]]*)\]\(charts/[^)]+\)$", r"*Chart: \1 (its picture is not kept in this record).*",
+                  report_md, flags=re.M)
+
+
 def readme(rec: dict) -> str:
-    counts = ", ".join(f"{n} {s}" for s, n in rec["statuses"].items())
+    counts = ", ".join(f"{n} {fmt.status(s)}" for s, n in rec["statuses"].items())
+    # the clone's scratch path is not the reader's: the run's folder as `make run` names it
+    split = [re.sub(r"^\S*/(results/)", r"\1", line) for line in rec["walltime_lines"]]
     return f"""# The default experiment's last run
 
 Written by `bench/default_record.py` from `record.json` (do not edit by hand: run the script again). It ran
@@ -69,7 +79,7 @@ with a {rec['package_cache']} package cache, on {rec['date'][:10]}.
 
 Where the run's wall time went (`speedmatrix walltime`, in `make_run_times.json`):
 
-{chr(10).join('    ' + line for line in rec['walltime_lines'])}
+{chr(10).join('    ' + line for line in split)}
 
 Files: `record.json`, `make_run_times.json`, `report.md` (the run's report as markdown), `run-summary.json`,
 `matrix.csv` (every cell's row of matrix.parquet), `lossless/` (the losslessness check's verdicts).
@@ -80,8 +90,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rev", default="HEAD")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "results" / "default")
+    ap.add_argument("--readme", action="store_true", help="only write README.md again from the record.json there")
     a = ap.parse_args()
     out = a.out
+    if a.readme:
+        (out / "README.md").write_text(readme(json.loads((out / "record.json").read_text())))
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     times = out / "make_run_times.json"
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "make_run_times.py"), "--keep", "--rev", a.rev,
@@ -100,8 +114,8 @@ def main() -> int:
     matrix = pd.read_parquet(res / "matrix.parquet")
     matrix.to_csv(out / "matrix.csv", index=False, float_format="%.6g")
     summary = json.loads((res / "run-summary.json").read_text())
-    for name in ("report.md", "run-summary.json"):
-        shutil.copy(res / name, out / name)
+    (out / "report.md").write_text(without_charts((res / "report.md").read_text()))
+    shutil.copy(res / "run-summary.json", out / "run-summary.json")
     if (out / "lossless").exists():
         shutil.rmtree(out / "lossless")
     for v in res.glob("lossless/*/verdict-*.json"):
