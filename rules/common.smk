@@ -101,7 +101,9 @@ def preflight():
         print(f"speedmatrix: {moved}")
     recorded = sm_preflight.recorded_run(EXP)
     if recorded:
-        print(f"speedmatrix: {recorded}; each job's progress is in its log, results/<experiment>/logs/")
+        print(
+            f"speedmatrix: {recorded}; each job's progress is in its log, results/<experiment>/logs/"
+        )
     for name in sm_preflight.api_keys(EXP):
         print(
             f"speedmatrix: {name} is not set: the servers of this run take a key generated for the run "
