@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO / "src"))
 EXPERIMENT = "tiny-cpu"
 
 from speedmatrix.core import fmt  # noqa: E402
+from speedmatrix.jobs.preflight import RECORD  # noqa: E402  (where `make run` reads the record from)
 
 
 def run_time_phrase(rec: dict) -> str:
@@ -89,7 +90,7 @@ Files: `record.json`, `make_run_times.json`, `report.md` (the run's report as ma
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rev", default="HEAD")
-    ap.add_argument("--out", type=Path, default=REPO / "docs" / "results" / "default")
+    ap.add_argument("--out", type=Path, default=REPO / RECORD.parent)
     ap.add_argument("--readme", action="store_true", help="only write README.md again from the record.json there")
     a = ap.parse_args()
     out = a.out

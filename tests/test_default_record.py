@@ -6,9 +6,10 @@ import json
 import os
 
 from conftest import REPO
+from speedmatrix.jobs import preflight
 from speedmatrix.plan import experiment
 
-RECORD = REPO / "docs" / "results" / "default"
+RECORD = REPO / preflight.RECORD.parent
 
 
 def record() -> dict:
@@ -41,8 +42,6 @@ def test_the_front_page_and_running_give_the_records_run_time():
 
 
 def test_a_run_says_what_its_recorded_run_took_only_for_the_same_experiment(tmp_path):
-    from speedmatrix.jobs import preflight
-
     cwd = os.getcwd()
     os.chdir(REPO)
     try:

@@ -304,7 +304,7 @@ def test_dockerd_not_answering_is_said_before_any_job(tmp_path):
 
 
 def podman_options() -> list[str]:
-    """What podman needs on this kind of machine (../shared/NOTES.md): runc (crun refuses its hybrid
+    """What podman needs on this kind of machine (Debian 12's packages): runc (crun refuses its hybrid
     cgroups), explicit ulimits (root lacks CAP_SYS_RESOURCE), plain HTTP to the loopback registry."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     return ["--runtime", "runc", "--tls-verify=false", "--ulimit", f"nofile={hard}:{hard}",

@@ -4,15 +4,16 @@
 Repeats an experiment's GPU run end to end there: build the kit, carry it, run, fetch. The
 machine this was written for has Python 3.12 and CUDA torch but no vLLM, no Snakemake and
 no package index, takes commands of at most 10 minutes, and returns files from $OUT. A kit
-builder outside this repository (../shared/gpukit/build.sh) packs vLLM 0.25.1; this script
+builder that is not part of this repository (`build --builder DIR`: DIR holds its build.sh, the
+host's package list device-has.txt and vllm-0.25.1-server-deps.txt) packs vLLM 0.25.1; this script
 packs what the pipeline needs beside it, prints the commands, runs the workflow there, and
 files what comes back under docs/results/<experiment>/. On a GPU machine with a package
 index none of this is needed: docs/gpu.md, "Running on your own GPU". Below, R is
 bench/machines/offline_gpu_run.py.
 
-    python3 $R build            # here: .gk/p0.. (vLLM), .gk/x0.. (Snakemake, Altair, ...),
+    python3 $R build --builder DIR   # here: .gk/p0.. (vLLM), .gk/x0.. (Snakemake, Altair, ...),
                                               # .gk/y0.. (AIPerf and GuideLLM, the reference rule's clients)
-    python3 $R plan [EXPERIMENT] [--kind K]   # here: the device calls, one per line
+    python3 $R plan [EXPERIMENT] [--kind K]   # here: the remote commands, one per line
     python3 $R start EXPERIMENT # there: unpack the kit, start the workflow detached
         # [--until reference]: only the jobs that rule needs (the reference jobs and their server)
     python3 $R wait EXPERIMENT  # there: wait (< 9 min) for it; when done, pack results into $OUT
@@ -25,12 +26,12 @@ bench/machines/offline_gpu_run.py.
         # there, after the kit's calls: `speedmatrix agree` (speedmatrix, vllm bench serve, AIPerf, GuideLLM)
         # on a server of its own (the 31B shape cut to 6 layers, eager); one JSON per shape into $OUT
 
-The workflow runs detached (its own session) so that it outlives one device
-call (10 minutes at most); the machine stays held while calls follow each
+The workflow runs detached (its own session) so that it outlives one remote
+command (10 minutes at most); the host stays up while commands follow each
 other within its 30 s idle window. The server stops when the workflow ends.
 
-Copy what a device call returns out of its files_at folder at once: a later
-call's files can take the same folder (a results tarball was lost that way).
+Copy what a remote command returns out of the folder its files come back to at once: a later
+command's files can take the same folder (a results tarball was lost that way).
 """
 
 from __future__ import annotations
@@ -70,16 +71,17 @@ def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=True, **kw)
 
 
-def build(_: argparse.Namespace) -> int:
+def build(ns: argparse.Namespace) -> int:
+    builder = Path(ns.builder)
     KIT.mkdir(exist_ok=True)
     exclude = REPO / ".git" / "info" / "exclude"
     if "/.gk/" not in exclude.read_text():
         exclude.write_text(exclude.read_text() + "/.gk/\n")
     if not list(KIT.glob("p[0-9]")):
-        sh(["bash", str(REPO.parent / "shared" / "gpukit" / "build.sh"), str(KIT)])
-    have = set((REPO.parent / "shared" / "gpukit" / "device-has.txt").read_text().split())
+        sh(["bash", str(builder / "build.sh"), str(KIT)])
+    have = set((builder / "device-has.txt").read_text().split())
     in_kit = set()
-    deps = REPO.parent / "shared" / "gpukit" / "vllm-0.25.1-server-deps.txt"
+    deps = builder / "vllm-0.25.1-server-deps.txt"
     for line in deps.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             in_kit.add(line.split("==")[0].strip().lower().replace("_", "-"))
@@ -129,7 +131,7 @@ def plan(ns: argparse.Namespace) -> int:
     if not parts:
         print(f"no kit: run `python3 {SELF} build` first", file=sys.stderr)
         return 2
-    print("# one device call a part (carry the part, copy it out), back to back; the last starts the run:")
+    print("# one remote command a part (carry the part, copy it out), back to back; the last starts the run:")
     for name in parts:
         print(json.dumps({"carry": [f".gk/{name}"], "command": f"cp .gk/{name} /tmp/kit.{name}"}))
     print(json.dumps({"command": f"python3 {SELF} start {ns.experiment} && "
@@ -340,7 +342,10 @@ def report(ns: argparse.Namespace) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("build").set_defaults(func=build)
+    b = sub.add_parser("build")
+    b.add_argument("--builder", required=True, metavar="DIR",
+                   help="the kit builder's folder (build.sh, device-has.txt, vllm-0.25.1-server-deps.txt)")
+    b.set_defaults(func=build)
     pl = sub.add_parser("plan")
     pl.add_argument("experiment", nargs="?", default="h200-gemma4-31b-shape")
     pl.add_argument("--kind", default="nvidia-h200", help="the device kind (nvidia-h200-x2 for the TP-2 run)")
@@ -364,7 +369,7 @@ def main() -> int:
     w.add_argument("--tag", default="")
     w.add_argument("--max-s", type=float, default=540)
     w.add_argument("--partial", action="store_true",
-                   help="pack what the run has after --max-s even if it is still running (the last call of a lease)")
+                   help="pack what the run has after --max-s even if it is still running (the host's last command)")
     w.set_defaults(func=wait)
     ag = sub.add_parser("agree")
     ag.add_argument("--layers", type=int, default=6)

@@ -44,7 +44,7 @@ def needed_kv_tokens(cell: Cell) -> int:
     return cell.kind.needed_kv_tokens(cell)
 
 
-async def _scrape(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
     """The server's Prometheus samples; {} when it has no /metrics (then every counter field is absent)."""
     try:
         async with session.get(f"{url}/metrics", headers=client.auth_headers()) as resp:
@@ -72,7 +72,7 @@ async def wait_until_idle(session: aiohttp.ClientSession, url: str, wait_s: floa
     deadline = time.monotonic() + wait_s
     said = False
     while True:
-        samples = await _scrape(session, url)
+        samples = await scrape(session, url)
         busy = _in_flight(samples)
         if busy is None or sum(busy) == 0:
             return samples
@@ -103,7 +103,7 @@ class GaugeSampler:
     async def _run(self) -> None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
             while True:
-                got = _in_flight(await _scrape(session, self.url))
+                got = _in_flight(await scrape(session, self.url))
                 if got is None:
                     return  # no gauges: nothing to sample
                 self.samples.append(got)
@@ -131,7 +131,7 @@ class GaugeSampler:
 
 async def _counters(url: str) -> dict[str, Any]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        return await _scrape(session, url)
+        return await scrape(session, url)
 
 
 def request_options(cell: Cell, settings: ClientSettings, loop_cfg: dict[str, Any] | None = None,
@@ -340,7 +340,7 @@ async def measure(cell: Cell, inp: MeasureInput) -> tuple[dict[str, Any], list[c
     # this session stays open through the measurement: it builds text prompts a decode cell needs late
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60),
                                      connector=aiohttp.TCPConnector(keepalive_timeout=SESSION_KEEPALIVE_S)) as session:
-        before_raw = await _scrape(session, url)
+        before_raw = await scrape(session, url)
         kv = metrics.cache_info(before_raw)["kv_cache_size_tokens"] or inp.kv_tokens_fallback
         need = needed_kv_tokens(cell)
         base = _asked(opts, settings, nonce, cell) | {"kv_cache_size_tokens": kv, "needed_kv_tokens": need,

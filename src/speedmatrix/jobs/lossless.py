@@ -21,21 +21,10 @@ from ..core import atomic, http
 from ..core.errors import CellError
 from ..judge import lossless as verdicts
 from ..measure import client, metrics, prompts
+from . import cells
 from .job import JobContext
 
 NONCE = "lossless"  # the same prompts on both servers, in every run
-
-
-async def _prompts(url: str, model: str, check: dict[str, Any]) -> list[list[int]]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        source = await prompts.from_server(session, url, model, seed=0, kind=check["corpus"], nonce=NONCE,
-                                           headers=client.auth_headers())
-    return [source.prompt(i, int(check["context_tokens"])) for i in range(int(check["prompts"]))]
-
-
-def _counters(url: str) -> dict[str, float | None]:
-    resp = http.get(f"{url}/metrics", headers=client.auth_headers(), timeout=30)
-    return metrics.snapshot(metrics.parse(resp.text)) if resp.status == 200 else {}
 
 
 async def _generate(url: str, model: str, ids: list[list[int]], sampling: dict[str, Any],
@@ -55,20 +44,30 @@ async def _generate(url: str, model: str, ids: list[list[int]], sampling: dict[s
     return [list(r.output_ids) for r in records]
 
 
+async def _generate_all(url: str, model: str, settings: list[str], check: dict[str, Any],
+                        progress) -> dict[str, Any]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        source = await prompts.from_server(session, url, model, seed=0, kind=check["corpus"], nonce=NONCE,
+                                           headers=client.auth_headers())
+        ids = [source.prompt(i, int(check["context_tokens"])) for i in range(int(check["prompts"]))]
+        out = {}
+        for key in settings:
+            sampling = verdicts.sampling_of(key)
+            before = await cells.scrape(session, url)  # the server's counters ({} without /metrics)
+            outputs = await _generate(url, model, ids, sampling, int(check["max_tokens"]))
+            after = await cells.scrape(session, url)
+            acceptance = (metrics.delta(metrics.snapshot(before), metrics.snapshot(after))
+                          .get("spec_decode_acceptance_rate") if before else None)
+            progress(f"{verdicts.label(sampling)}: {len(outputs)} requests, {sum(map(len, outputs)):,} tokens"
+                     + (f", acceptance {acceptance:.1%}" if acceptance is not None else ""))
+            out[key] = {"sampling": sampling, "outputs": outputs, "acceptance": acceptance}
+    return {"prompts": ids, "settings": out}
+
+
 def generate(url: str, model: str, settings: list[str], check: dict[str, Any],
              progress=print) -> dict[str, Any]:
     """Every setting's outputs (and the acceptance over them) for the check's prompts on one server."""
-    ids = asyncio.run(_prompts(url, model, check))
-    out = {}
-    for key in settings:
-        sampling = verdicts.sampling_of(key)
-        before = _counters(url)
-        outputs = asyncio.run(_generate(url, model, ids, sampling, int(check["max_tokens"])))
-        acceptance = metrics.delta(before, _counters(url)).get("spec_decode_acceptance_rate") if before else None
-        progress(f"{verdicts.label(sampling)}: {len(outputs)} requests, {sum(map(len, outputs)):,} tokens"
-                 + (f", acceptance {acceptance:.1%}" if acceptance is not None else ""))
-        out[key] = {"sampling": sampling, "outputs": outputs, "acceptance": acceptance}
-    return {"prompts": ids, "settings": out}
+    return asyncio.run(_generate_all(url, model, settings, check, progress))
 
 
 def score(url: str, model: str, prompt: list[int], output: list[int]) -> list[float]:
