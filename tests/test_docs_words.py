@@ -23,6 +23,8 @@ def docs() -> list:
     found = [REPO / "README.md", REPO / "bench" / "results" / "README.md"]
     found += sorted((REPO / "docs").glob("*.md")) + sorted((REPO / "docs" / "decisions").glob("*.md"))
     found += sorted((REPO / "docs" / "results").rglob("*.md"))
+    # the recorded outputs beside them are read as evidence too
+    found += sorted((REPO / "docs" / "results").rglob("*.txt")) + sorted((REPO / "bench" / "results").rglob("*.txt"))
     return found
 
 
