@@ -17,7 +17,6 @@ what its file gives (tests/test_doc_figures.py runs it on every README that has 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from pathlib import Path
@@ -33,7 +32,9 @@ BLOCK = re.compile(r"(<!-- generated: (?P<kind>\w+) (?P<file>\S+) -->\n)(?P<body
 def speculation(path: Path) -> str:
     """Per speculative config, its output tok/s against the same decode cells without speculation (median and
     range) and its acceptance: the report's "Does speculation pay here?" table, from a matrix."""
-    table = sections.speculation_pays_table(pd.read_parquet(path))
+    # one thread: Arrow's reading threads can abort a short script's exit ("terminate called without an active
+    # exception", apache/arrow#34314; 1 exit in 60 here with threads, none in 60 without)
+    table = sections.speculation_pays_table(pd.read_parquet(path, use_threads=False))
     return markdown([table]).strip() + "\n" if table else "No speculative config in this matrix.\n"
 
 
@@ -77,9 +78,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # the report's modules leave a native thread that aborts the interpreter's own exit ("terminate called without
-    # an active exception"); everything is written by now
-    os._exit(code)
+    sys.exit(main())

@@ -66,6 +66,9 @@ NOT_FIGURES = [
     re.compile(r"\b\d+(?:\.\d+){2,}\S*"),
     re.compile(r"\b[0-9a-f]{7,40}\b"),
 ]
+ITEM = re.compile(r"^\s*(?:[-*+]|\d+\.)\s+")
+# units that scale a figure: (factor to the file's unit, the precision that replaces the printed one)
+UNIT_SCALE = {"min": (60.0, "minutes"), "minute": (60.0, "minutes"), "minutes": (60.0, "minutes"), "M": (1e6, -6)}
 TEXT_NUMBER = re.compile(r"(?<![0-9a-fA-F_.])[+\-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][+\-]?\d+)?")
 
 
@@ -82,9 +85,8 @@ class Figure:
 
 @dataclass
 class Block:
-    doc: Path
     line: int
-    kind: str  # paragraph, item, row, heading
+    kind: str  # paragraph, item (its marker left out), row
     text: str
     cites: list[str] = field(default_factory=list)  # raw citations of the block and its captions
     table: int = 0  # a row's table (its first line), 0 for other blocks
@@ -107,10 +109,6 @@ def _decimals(text: str) -> int:
     return len(text.split(".", 1)[1]) if "." in text else 0
 
 
-def _minutes(unit: str) -> bool:
-    return unit.strip().startswith("min")
-
-
 def figures_in(text: str, names: list[str]) -> list[Figure]:
     for pattern in NOT_FIGURES:
         text = pattern.sub(" ", text)
@@ -122,31 +120,31 @@ def figures_in(text: str, names: list[str]) -> list[Figure]:
         before = text[max(0, m.start() - 40) : m.start()]
         if name_before and name_before.search(before):
             continue
-        a, b = m.group("a"), m.group("b")
+        a, b, unit = m.group("a"), m.group("b"), m.group("ua").strip()
         if b is not None and re.search(r"\bfrom\s$", before):  # "from 25.5 s to 53.6 s": two figures, not a range
-            found += figures_in(text[m.start() : m.start() + len(m.group("a") + m.group("ua"))], [])
+            found += figures_in(text[m.start() : m.start() + len(a + m.group("ua"))], [])
             found += figures_in(text[m.start("b") : m.end()], [])
             continue
+        factor, precision = UNIT_SCALE.get(unit, (1.0, None))
         # "7 min 29 s" is one figure in seconds
-        compound = re.match(r"\s?(\d+) s\b", text[m.end() :]) if _minutes(m.group("ua") or "") and not b else None
+        compound = re.match(r"\s?(\d+) s\b", text[m.end() :]) if factor == 60.0 and b is None else None
         if compound:
             found.append(Figure(m.group(0) + compound.group(0), _float(a) * 60 + int(compound.group(1)), 0))
             pos = m.end() + compound.end()
             continue
-        scale = 60.0 if _minutes(m.group("ua") or "") else 1.0
-        fig = Figure(m.group(0).strip(), _float(a) * scale, _decimals(a), signed=a[0] in "+-−")
-        if scale != 1.0:
+        if b is None and not unit and "." not in a and a[0] not in "+-−" and _float(a) <= 16:
+            continue  # a count or a setting ("16 at once", "3 repeats"): matches almost any file
+        fig = Figure(m.group(0).strip(), _float(a) * factor, _decimals(a), signed=a[0] in "+-−")
+        if precision == "minutes":
             fig.low_decimals = MINUTES  # whole minutes: half a minute either side
-        if (m.group("ua") or "").strip() == "M" and b is None:  # "1.31 M tokens": millions, at their precision
-            fig.low, fig.low_decimals = fig.low * 1e6, fig.low_decimals - 6
+        elif precision is not None:  # "1.31 M tokens": millions, at their printed precision
+            fig.low_decimals += precision
         if b is not None:
-            fig.high, fig.high_decimals = _float(b) * scale, _decimals(b)
+            fig.high, fig.high_decimals = _float(b) * factor, _decimals(b)
             fig.interval = before.rstrip().endswith("(")
-            if a[0] not in "+-−" and b[0] in "-−" and not m.group("ua"):
+            if a[0] not in "+-−" and b[0] in "-−" and not unit:
                 # "234-325" read as 234 and -325 is a range with a hyphen
                 fig.high = abs(fig.high)
-        if b is None and not m.group("ua").strip() and "." not in a and a[0] not in "+-−" and _float(a) <= 16:
-            continue  # a count or a setting ("16 at once", "3 repeats"): matches almost any file
         found.append(fig)
     return found
 
@@ -228,7 +226,10 @@ def values_of(path: Path) -> Values:
     values = Values()
     name = path.name
     if name.endswith((".parquet", ".csv", ".csv.gz")):
-        frame = pd.read_parquet(path) if name.endswith(".parquet") else pd.read_csv(io.StringIO(_open_text(path)))
+        if name.endswith(".parquet"):
+            frame = pd.read_parquet(path, use_threads=False)  # Arrow's threads can abort an exit (bench/doc_blocks.py)
+        else:
+            frame = pd.read_csv(io.StringIO(_open_text(path)))
         for col in frame.columns:
             series = frame[col]
             if series.dtype == object:
@@ -309,11 +310,11 @@ def blocks(doc: Path) -> list[Block]:
         nonlocal para, last_para, in_list_lead
         if para:
             text = " ".join(s.strip() for s in para)
-            is_item = bool(re.match(r"\s*(?:[-*+]|\d+\.)\s", para[0]))
+            is_item = bool(ITEM.match(para[0]))
             lead = in_list_lead if is_item else ""
+            text = ITEM.sub("", text, count=1)  # a list item's marker ("7.") is not a figure
             out.append(
                 Block(
-                    doc,
                     para_start,
                     "item" if is_item else "paragraph",
                     text,
@@ -350,7 +351,6 @@ def blocks(doc: Path) -> list[Block]:
                 continue
             out.append(
                 Block(
-                    doc,
                     n,
                     "row",
                     stripped,
@@ -370,7 +370,7 @@ def blocks(doc: Path) -> list[Block]:
         if not stripped:
             flush()
             continue
-        if re.match(r"\s*(?:[-*+]|\d+\.)\s", line) and para:
+        if ITEM.match(line) and para:
             flush()
         if (
             not para
@@ -411,18 +411,11 @@ def _range_found(fig: Figure, files: list[Path]) -> bool:
             columns.setdefault(k, []).extend(v)
     for col in columns.values():
         finite = [x for x in col if math.isfinite(x)]
-        if (
-            finite
-            and _matches(min(finite), fig.low, fig.low_decimals, True)
-            and _matches(max(finite), fig.high, fig.high_decimals, True)
-        ):
-            return True
-        if (
-            finite
-            and _matches(min(finite), fig.low, fig.low_decimals, False)
-            and _matches(max(finite), fig.high, fig.high_decimals, False)
-        ):
-            return True
+        for signed in (True, False) if finite else ():
+            if _matches(min(finite), fig.low, fig.low_decimals, signed) and _matches(
+                max(finite), fig.high, fig.high_decimals, signed
+            ):
+                return True
     if text_only:  # a range quoted from a page or a log: both ends printed there
         low = Figure(fig.text, fig.low, fig.low_decimals, signed=fig.signed)
         high = Figure(fig.text, fig.high, fig.high_decimals)
@@ -474,29 +467,25 @@ def check(doc: Path, allow: dict) -> list[str]:
     for t in {b.table for b in found_blocks if b.table}:
         tables[t] = table_columns([b for b in found_blocks if b.table == t], names)
     for block in found_blocks:
-        text = re.sub(r"^\s*(?:[-*+]|\d+\.)\s+", "", block.text)  # a list item's marker is not a figure
-        figs = [f for f in figures_in(text, names) if f.text not in allowed]
+        figs = [f for f in figures_in(block.text, names) if f.text not in allowed]
+        columns = tables.get(block.table, {})
+        figs = [f for f in figs if not derived(f, figs) and not _derived_in_table(f, columns)]
         if not figs:
             continue
-        files = sorted({p for c in block.cites for p in resolve(c, doc)})
+        groups = [g for g in (resolve(c, doc) for c in block.cites) if g]
+        files = sorted({p for g in groups for p in g})
         where = f"{rel}:{block.line}"
-        figs_all = figs
-        columns = tables.get(block.table, {})
-        figs = [f for f in figs if not derived(f, figs_all) and not _derived_in_table(f, columns)]
-        if figs_all and not figs:
-            continue
         if not files:
             problems.append(
                 f"{where}: {len(figs)} figure(s) ({', '.join(f.text for f in figs[:4])}) and no file cited: "
                 f"{block.text[:100]}"
             )
             continue
-        groups = [g for g in (resolve(c, doc) for c in block.cites) if g] + [files]
         for fig in figs:
             if fig.high is not None:  # a range: one citation's files at a time, then all of them
-                ok = any(_range_found(fig, g) for g in groups)
+                ok = any(_range_found(fig, g) for g in [*groups, files])
             else:
-                ok = derived(fig, figs) or _found(fig, files)
+                ok = _found(fig, files)
             if not ok:
                 kind = "range not one column's min-max" if fig.high is not None else "not found"
                 names_ = ", ".join(p.relative_to(REPO).as_posix() for p in files[:3])
