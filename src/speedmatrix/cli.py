@@ -188,6 +188,17 @@ def cmd_train_pair(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bundle(ns: argparse.Namespace) -> int:
+    from .provision import bundle
+
+    manifest = bundle.build(ns.target, ns.out, without=tuple(ns.without), also=tuple(ns.also),
+                            peers=tuple(ns.peers), log=lambda m: print(m, file=sys.stderr))
+    print(f"{ns.out}: {bundle.summary(manifest)}")
+    print(f"install a clone from it with no package index: make install WHEELS={ns.out}"
+          + ("" if manifest["engine"] == "cpu" else f" ENGINE={manifest['engine']}"))
+    return 0
+
+
 def cmd_validate(ns: argparse.Namespace) -> int:
     from .plan import experiment
 
@@ -411,12 +422,35 @@ def _add_train_pair(sub) -> None:
     tp.set_defaults(func=cmd_train_pair)
 
 
+def _add_bundle(sub) -> None:
+    from .provision.bundle import TARGETS
+
+    bu = sub.add_parser(
+        "bundle", help="write every wheel an install needs into a folder, for a host with no package index",
+        description="On a machine that reaches a package index: download the wheels of a target's pinned set "
+        "(its lock file) into OUT/wheels, build wheels for packages published only as source, and describe them in "
+        "OUT/bundle.json. Copy OUT to the host and install a clone there with `make install WHEELS=OUT` (no index "
+        "is asked). `make bundle` runs this with the installer and the build backend the Makefile pins. Targets: "
+        + "; ".join(f"{k}: {t.what} ({t.lock})" for k, t in TARGETS.items()) + ".")
+    bu.add_argument("--target", choices=sorted(TARGETS), default="cpu", help="whom the bundle is for (default: cpu)")
+    bu.add_argument("--out", type=Path, required=True, help="the bundle's folder (created)")
+    bu.add_argument("--without", action="append", default=[], metavar="PACKAGE",
+                    help="a package the host already has (its own torch, say; a pattern such as 'nvidia-*' too): left "
+                    "out of the wheels and the constraints; repeat for more")
+    bu.add_argument("--also", action="append", default=[], metavar="REQUIREMENT",
+                    help="a pinned requirement carried beside the lock (the installer, the build backend)")
+    bu.add_argument("--peers", action="append", default=[], type=Path, metavar="LOCK",
+                    help="an independent client's lock file (envs/peers/*.lock) whose wheels go too")
+    bu.set_defaults(func=cmd_bundle)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="speedmatrix", description="Reproducible LLM-serving benchmark matrices on "
                                 "vLLM.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"speedmatrix {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_measure(sub)
+    _add_bundle(sub)
     _add_agree(sub)
     _add_experiment_commands(sub)
     _add_comparisons(sub)

@@ -42,3 +42,7 @@ class ServerError(SpeedmatrixError, RuntimeError):
 
 class RederiveError(SpeedmatrixError):
     """A results folder that cannot be re-derived: the message says what is missing."""
+
+
+class BundleError(SpeedmatrixError):
+    """An offline bundle that cannot be made or read: the message says which package or file, and what to do."""
