@@ -156,7 +156,9 @@ def test_a_sampled_block_gives_cells_that_ask_for_it(exp_dir):
     write(exp_dir, "sampled", lambda d: first_decode(d).update(sampling={"temperature": 0.8, "top_p": 0.9}))
     exp = experiment.load("sampled", exp_dir)
     sampled = [c for c in exp.cells("base") if c.workload == "decode" and c.id.endswith("-temp0.8")]
-    assert len(sampled) == 12 and all(re.fullmatch(workloads.cell_id_pattern(), c.id) for c in sampled)
+    block = first_decode(yaml.safe_load((exp_dir / "sampled.yaml").read_text()))
+    assert len(sampled) == len(block["contexts"]) * len(block["concurrency"])
+    assert all(re.fullmatch(workloads.cell_id_pattern(), c.id) for c in sampled)
     assert sampled[0].as_dict()["sampling"] == {"temperature": 0.8, "top_p": 0.9, "seed": 0}
     body = cells.request_options(sampled[0], exp.client).payload("m", [1, 2], index=3)
     assert (body["temperature"], body["top_p"], body["seed"]) == (0.8, 0.9, 3) and "frequency_penalty" not in body

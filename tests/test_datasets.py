@@ -71,6 +71,8 @@ def _experiment(tmp_path: Path, change) -> Path:
     data["datasets"] = {"questions": copy.deepcopy(SPECS["questions"])}
     data["workloads"] = {"capacity": {"contexts": [128], "concurrency": [2], "requests": 6, "max_tokens": 16,
                                       "corpus": "questions"}}
+    for server in data["servers"]:  # every config measures the experiment's own workloads
+        server.pop("workloads", None)
     change(data)
     (tmp_path / "d.yaml").write_text(yaml.safe_dump(data))
     return tmp_path

@@ -1,8 +1,9 @@
 """End to end on the real vLLM for the CPU: the default experiment and the server lifecycle.
 
 These tests start real servers (about a minute each on 2 cores); they share
-one full run of ``tiny-cpu`` and use a one-server experiment for the failure
-and interrupt cases.
+one run of ``tiny-cpu-full`` (the default in full: every kind on both the plain and the speculative
+configs, ngram too; ``make run``'s ``tiny-cpu`` is its cut) and use a one-server experiment for the
+failure and interrupt cases.
 """
 
 from __future__ import annotations
@@ -43,11 +44,13 @@ def starts(results: Path) -> dict[str, int]:
     return out
 
 
+FULL = "tiny-cpu-full"  # the shared run: the default experiment in full
+
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory, no_vllm_before):
     work = tmp_path_factory.mktemp("tiny-cpu")
     t0 = time.monotonic()
-    proc = run_snakemake(work)
+    proc = run_snakemake(work, experiment=FULL)
     elapsed = time.monotonic() - t0
     left = wait_no_vllm(20)
     return work, proc, elapsed, left
@@ -56,8 +59,8 @@ def full_run(tmp_path_factory, no_vllm_before):
 def test_default_run_produces_the_output_contract(full_run):
     work, proc, _, _ = full_run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    res = work / "results" / "tiny-cpu"
-    exp = experiment.load("tiny-cpu")
+    res = work / "results" / FULL
+    exp = experiment.load(FULL)
     lock = json.loads((res / "runtime.lock.json").read_text())
     assert lock["vllm_version"] == "0.32.0" and lock["torch_version"].startswith("2.13.0")
     assert len(lock["packages_sha256"]) == 64
@@ -100,10 +103,10 @@ def test_default_run_produces_the_output_contract(full_run):
 def test_matrix_is_real_and_complete(full_run):
     work, proc, _, _ = full_run
     assert proc.returncode == 0
-    res = work / "results" / "tiny-cpu"
+    res = work / "results" / FULL
     m = pd.read_parquet(res / "matrix.parquet")
     assert list(m.columns) == MATRIX_COLUMNS
-    exp = experiment.load("tiny-cpu")
+    exp = experiment.load(FULL)
     assert len(m) == len(exp.cells())
     decode = m[m.workload == "decode"]
     assert set(decode.status) <= {"valid", "looped", "unstable", "over_capacity", "client_bound", "lossy"}
@@ -126,7 +129,7 @@ def test_matrix_is_real_and_complete(full_run):
     # one request at a time finishes its 128 tokens well inside the 4 s window; 16 at once on the 2-core CPU
     # (the MTP server: ~33 tok/s a request) may not, and a window with none completed is a fact, not an error
     assert (measured[measured.concurrency == 1].completed_requests > 0).all()
-    # two repeats a decode cell (tiny-cpu): the median, its 95 % interval and CV; the steady part of each window
+    # two repeats a decode cell (tiny-cpu-full): the median, its 95 % interval and CV; the steady part of each window
     assert (measured.repeats == 2).all() and measured.total_tok_s_repeats.map(len).eq(2).all()
     assert (measured.total_tok_s_ci_low <= measured.total_tok_s).all()
     assert (measured.total_tok_s <= measured.total_tok_s_ci_high).all() and (measured.total_tok_s_cv >= 0).all()
@@ -281,8 +284,8 @@ def test_matrix_is_real_and_complete(full_run):
 def test_decisions_targets_goodput_frontier_and_search(full_run):
     work, proc, _, _ = full_run
     assert proc.returncode == 0
-    res = work / "results" / "tiny-cpu"
-    exp = experiment.load("tiny-cpu")
+    res = work / "results" / FULL
+    exp = experiment.load(FULL)
     m = pd.read_parquet(res / "matrix.parquet").set_index(["server_id", "cell_id"])
     d = pd.read_parquet(res / "decisions.parquet")
     assert set(d.slo) == {t.name for t in exp.targets} and d.attainment.between(0, 1).all()
@@ -324,8 +327,8 @@ def test_the_losslessness_check_of_each_speculative_config(full_run):
     cell is Lossy, kept out of the decisions and the frontier, and said in the report."""
     work, proc, _, _ = full_run
     assert proc.returncode == 0
-    res = work / "results" / "tiny-cpu"
-    exp = experiment.load("tiny-cpu")
+    res = work / "results" / FULL
+    exp = experiment.load(FULL)
     checks = {p.name: json.loads(p.read_text()) for p in (res / "lossless" / "base").glob("verdict-*.json")}
     assert sorted(checks) == ["verdict-mtp2.json", "verdict-ngram2.json"]
     for doc in checks.values():
@@ -365,7 +368,7 @@ def test_rederive_gives_the_runs_matrix_again(full_run, tmp_path):
     cell files alone: the same matrix as the workflow's."""
     work, proc, _, _ = full_run
     assert proc.returncode == 0
-    res = work / "results" / "tiny-cpu"
+    res = work / "results" / FULL
     out = subprocess.run([sys.executable, "-m", "speedmatrix.cli", "rederive", str(res), "--out", str(tmp_path),
                           "--captions", "docs/captions"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -379,7 +382,7 @@ def test_rederive_gives_the_runs_matrix_again(full_run, tmp_path):
 
 def test_one_server_start_per_server_config(full_run):
     work, proc, _, _ = full_run
-    res = work / "results" / "tiny-cpu"
+    res = work / "results" / FULL
     assert starts(res) == {"base": 1, "mtp2": 1, "ngram2": 1}
     m = pd.read_parquet(res / "matrix.parquet")
     measured = m[m.status != "over_capacity"]
@@ -394,10 +397,10 @@ def test_nothing_left_running_after_success(full_run):
 def test_second_run_has_nothing_to_do(full_run):
     work, proc, *_ = full_run
     assert proc.returncode == 0
-    again = run_snakemake(work, timeout=300)
+    again = run_snakemake(work, timeout=300, experiment=FULL)
     assert again.returncode == 0
     assert "Nothing to be done" in again.stdout + again.stderr
-    assert starts(work / "results" / "tiny-cpu") == {"base": 1, "mtp2": 1, "ngram2": 1}
+    assert starts(work / "results" / FULL) == {"base": 1, "mtp2": 1, "ngram2": 1}
 
 
 def test_a_failed_loop_aggregate_or_report_job_is_counted_with_its_cause(full_run):
@@ -407,7 +410,7 @@ def test_a_failed_loop_aggregate_or_report_job_is_counted_with_its_cause(full_ru
     run's folder: no measurement is repeated, no server starts."""
     work, proc, *_ = full_run
     assert proc.returncode == 0
-    res = work / "results" / "tiny-cpu"
+    res = work / "results" / FULL
     cell = sorted(res.glob("cells/base/*.json"))[0]
     cases = [  # (the file broken, the job that fails, the jobs not run)
         (res / "matrix.parquet", "report", []),
@@ -416,7 +419,7 @@ def test_a_failed_loop_aggregate_or_report_job_is_counted_with_its_cause(full_ru
     ]
     for broken, job, after in cases:
         broken.write_text("{ not what it should be")
-        again = run_snakemake(work, timeout=300)
+        again = run_snakemake(work, timeout=300, experiment=FULL)
         out = again.stdout + again.stderr
         s = json.loads((res / "run-summary.json").read_text())
         assert again.returncode != 0, job
@@ -427,7 +430,7 @@ def test_a_failed_loop_aggregate_or_report_job_is_counted_with_its_cause(full_ru
     # a model's manifest broken: the jobs that read it fail (the models lock, the three configs' launch specs),
     # every cell of the configs and what follows is not run; still no server starts
     (work / "models" / "tiny-gemma4-trained" / "speedmatrix-model.json").write_text("{ not what it should be")
-    again = run_snakemake(work, timeout=300)
+    again = run_snakemake(work, timeout=300, experiment=FULL)
     s = json.loads((res / "run-summary.json").read_text())
     failed = sorted(j for c in s["causes"] for j in c["jobs"])
     assert again.returncode != 0 and "base server_launch" in failed and "mtp2 server_launch" in failed, s

@@ -116,7 +116,7 @@ def test_a_cell_whose_setting_is_lossy_gets_the_status_lossy_and_the_columns():
 
 
 def test_the_default_checks_each_speculative_config_against_its_twin_measured_last():
-    exp = experiment.load("tiny-cpu")
+    exp = experiment.load("tiny-cpu-full")  # the default in full: two speculative configs, one twin
     assert exp.lossless_checks() == {"mtp2": "base", "ngram2": "base"}
     assert exp.server_order() == ["mtp2", "ngram2", "base"]
     settings = exp.sampling_settings("mtp2")
