@@ -112,6 +112,7 @@ def _decimals(text: str) -> int:
 def figures_in(text: str, names: list[str]) -> list[Figure]:
     for pattern in NOT_FIGURES:
         text = pattern.sub(" ", text)
+    text = text.replace("½", ".5")  # "about 7½ minutes"
     name_before = re.compile(r"(?:^|\W)(?:" + "|".join(re.escape(n) for n in names) + r")\s?$", re.I) if names else None
     found = []
     pos = 0
