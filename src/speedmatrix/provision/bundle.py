@@ -37,14 +37,13 @@ class Target:
     lock: str
     python: str | None
     platforms: tuple[str, ...]
-    engine: str  # what `make install ENGINE=...` installs beside the package
     what: str
 
 
 TARGETS = {
-    "cpu": Target("requirements.lock", None, (), "cpu",
+    "cpu": Target("requirements.lock", None, (),
                   "this machine's Python and platform: the embedded default (vLLM for the CPU) and the test tools"),
-    "cuda": Target("envs/cuda/requirements.lock", "3.12", MANYLINUX_X86_64, "cuda",
+    "cuda": Target("envs/cuda/requirements.lock", "3.12", MANYLINUX_X86_64,
                    "a Linux x86_64 GPU host with Python 3.12: vLLM for CUDA, its torch, the workflow's packages"),
 }
 
@@ -124,7 +123,7 @@ def build(target_name: str, out: Path, *, without: tuple[str, ...] = (), also: t
         "what": target.what,
         "python": target.python or f"{sys.version_info.major}.{sys.version_info.minor}",
         "platforms": list(target.platforms) or ["this machine's"],
-        "engine": target.engine,
+        "engine": target_name,  # `make install ENGINE=...` on the host: the target's vLLM
         "lock": target.lock,
         "lock_sha256": _sha256(lock),
         "left_out": left_out,
