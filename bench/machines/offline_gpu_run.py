@@ -1,20 +1,18 @@
 #!/usr/bin/env python3
 """For one kind of machine only: a GPU host with no package index, reached one command at a time.
 
-Repeats an experiment's GPU run end to end there: build the kit, carry it, run, fetch. The
-machine this was written for has Python 3.12 and CUDA torch but no vLLM, no Snakemake and
-no package index, takes commands of at most 10 minutes, and returns files from $OUT. A kit
-builder that is not part of this repository (`build --builder DIR`: DIR holds its build.sh, the
-host's package list device-has.txt and vllm-0.25.1-server-deps.txt) packs vLLM 0.25.1; this script
-packs what the pipeline needs beside it, prints the commands, runs the workflow there, and
-files what comes back under docs/results/<experiment>/. On a GPU machine with a package
-index none of this is needed: docs/gpu.md, "Running on your own GPU". Below, R is
-bench/machines/offline_gpu_run.py.
+Repeats an experiment's GPU run end to end there with the product's offline bundle: `make bundle TARGET=cuda`
+here (less what the host has: bench/machines/h200-host-packages.txt, the host's `pip list --format=freeze`),
+the bundle carried over in parts, `make install WHEELS=... ENGINE=cuda` there, the workflow run detached, its
+results fetched and filed under docs/results/<experiment>/. The machine this was written for has Python 3.12 and
+CUDA torch in a venv, no package index, takes commands of at most 10 minutes, carries at most 64 MiB of files
+with each command and returns files from $OUT. On a GPU host you can copy a folder to, none of this is needed:
+docs/gpu.md, "A GPU host with no package index". Below, R is bench/machines/offline_gpu_run.py.
 
-    python3 $R build --builder DIR   # here: .gk/p0.. (vLLM), .gk/x0.. (Snakemake, Altair, ...),
-                                              # .gk/y0.. (AIPerf and GuideLLM, the reference rule's clients)
+    python3 $R build [--peers]          # here: the bundle in .gk/bundle/, cut into .gk/b00, .gk/b01, ...
+                                        # (--peers: AIPerf and GuideLLM too, the reference rule's clients)
     python3 $R plan [EXPERIMENT] [--kind K]   # here: the remote commands, one per line
-    python3 $R start EXPERIMENT # there: unpack the kit, start the workflow detached
+    python3 $R start EXPERIMENT # there: join the parts, install from the bundle, start the workflow detached
         # [--until reference]: only the jobs that rule needs (the reference jobs and their server)
     python3 $R wait EXPERIMENT  # there: wait (< 9 min) for it; when done, pack results into $OUT
     python3 $R collect TARBALL EXPERIMENT   # here: file the results under docs/results/
@@ -23,8 +21,8 @@ bench/machines/offline_gpu_run.py.
         # loop policy (the code of the loops, aggregate and report rules; no measurement is repeated)
     python3 $R report EXPERIMENT   # here: the report again from docs/results/EXPERIMENT/ as it is
     python3 $R agree [--shapes 16x64,64x128] [--rounds 2]
-        # there, after the kit's calls: `speedmatrix agree` (speedmatrix, vllm bench serve, AIPerf, GuideLLM)
-        # on a server of its own (the 31B shape cut to 6 layers, eager); one JSON per shape into $OUT
+        # there, after a `build --peers` bundle's calls: `speedmatrix agree` (speedmatrix, vllm bench serve,
+        # AIPerf, GuideLLM) on a server of its own (the 31B shape cut to 6 layers, eager); one JSON per shape
 
 The workflow runs detached (its own session) so that it outlives one remote
 command (10 minutes at most); the host stays up while commands follow each
@@ -49,21 +47,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SELF = "bench/machines/offline_gpu_run.py"
 KIT = REPO / ".gk"
-EXTRAS = ["snakemake==9.27.1", "altair==6.3.0", "vl-convert-python==1.9.0.post1", "msgspec==0.22.0",
-          "jsonschema==4.26.0"]
-# the independent clients of the reference rule (their own site folder, last on the path)
-PEERS = ["aiperf==0.13.0", "guidellm==0.8.1"]
-SHARED_WITH_DEVICE = {"numpy", "pandas", "pyarrow", "scipy", "transformers", "tokenizers", "matplotlib", "sympy",
-                      "pillow", "safetensors", "huggingface-hub", "hf-xet", "fonttools", "networkx", "mpmath",
-                      "kiwisolver", "contourpy", "cycler", "pyparsing", "regex", "sentencepiece", "tiktoken",
-                      "cuda-bindings", "cuda-pathfinder", "cuda-toolkit"}
-# sdist-only dependencies (no wheel on PyPI): built here as pure-Python wheels
-SDIST_ONLY = ["connection_pool==0.0.3"]
-PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:",
-            *(x for p in ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64",
-                          "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any")
-              for x in ("--platform", p))]
+BUNDLE = KIT / "bundle"
+# the host's packages (its `python3 -m pip list --format=freeze`): left out of its bundle
+HOST_PACKAGES = "bench/machines/h200-host-packages.txt"
+PEER_LOCKS = ["envs/peers/aiperf.lock", "envs/peers/guidellm.lock"]
+PART = "60m"  # a part per remote command: what one command can carry (64 MiB) with room to spare
 WORK = "/tmp/smx"  # on the device
+ON_HOST = Path("/tmp/bundle")  # the bundle joined again there
+PY = REPO / ".venv" / "bin" / "python"
 
 
 def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess:
@@ -72,70 +63,37 @@ def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 
 
 def build(ns: argparse.Namespace) -> int:
-    builder = Path(ns.builder)
+    """The product's cuda bundle less what the host has, cut into parts of at most PART."""
     KIT.mkdir(exist_ok=True)
-    exclude = REPO / ".git" / "info" / "exclude"
-    if "/.gk/" not in exclude.read_text():
-        exclude.write_text(exclude.read_text() + "/.gk/\n")
-    if not list(KIT.glob("p[0-9]")):
-        sh(["bash", str(builder / "build.sh"), str(KIT)])
-    have = set((builder / "device-has.txt").read_text().split())
-    in_kit = set()
-    deps = builder / "vllm-0.25.1-server-deps.txt"
-    for line in deps.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            in_kit.add(line.split("==")[0].strip().lower().replace("_", "-"))
-    pack("x", EXTRAS, have | in_kit)
-    # the peers run in their own processes with only their site before the device's packages (their pins clash
-    # with vLLM's): everything they need but the device's large numeric stack, which they share
-    pack("y", PEERS, {n for n in have if n in SHARED_WITH_DEVICE})
-    for p in sorted(KIT.iterdir()):
+    exclude = Path(subprocess.run(["git", "rev-parse", "--git-path", "info/exclude"], cwd=REPO, capture_output=True,
+                                  text=True, check=True).stdout.strip())
+    exclude = exclude if exclude.is_absolute() else REPO / exclude
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    if "/.gk/" not in (exclude.read_text() if exclude.exists() else ""):
+        with exclude.open("a") as f:
+            f.write("/.gk/\n")
+    args = f"--host-has {HOST_PACKAGES}" + "".join(f" --peers {lock}" for lock in (PEER_LOCKS if ns.peers else []))
+    if not (BUNDLE / "bundle.json").exists():
+        sh(["make", "bundle", "TARGET=cuda", f"BUNDLE={BUNDLE}", f"BUNDLE_ARGS={args}"], cwd=REPO)
+    for old in KIT.glob("b[0-9][0-9]"):
+        old.unlink()
+    # the wheels are compressed already: the parts are one plain tar, cut
+    subprocess.run(f"tar -cf - -C {BUNDLE} . | split -b {PART} -d -a 2 - {KIT}/b", shell=True, check=True)
+    for p in sorted(KIT.glob("b[0-9][0-9]")):
         print(p.name, p.stat().st_size)
     return 0
 
 
-def pack(prefix: str, wanted: list[str], skip: set[str]) -> set[str]:
-    """Resolve `wanted` for the device's Python, download what the device and the earlier parts lack, and pack
-    it into .gk/<prefix>0.. (50 MiB each). Returns the names packed."""
-    tmp = Path(subprocess.run(["mktemp", "-d"], capture_output=True, text=True, check=True).stdout.strip())
-    wh, site = tmp / "wh", tmp / "site"
-    wh.mkdir()
-    site.mkdir()
-    sh([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wh), *SDIST_ONLY])
-    sh([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed", "--report",
-        str(tmp / "r.json"), *PLATFORM, "--find-links", str(wh), "--target", str(tmp / "x"),
-        *wanted])
-    want, names = [], set()
-    for item in json.loads((tmp / "r.json").read_text())["install"]:
-        name = item["metadata"]["name"].lower().replace("_", "-").replace(".", "-")
-        if name in skip or name.startswith(("nvidia-", "torch", "triton")):
-            continue
-        names.add(name)
-        want.append(f"{item['metadata']['name']}=={item['metadata']['version']}")
-    print(f"{prefix} carries:", " ".join(want), file=sys.stderr)
-    sh([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLATFORM, "--find-links", str(wh),
-        "-d", str(wh), *want])
-    for w in wh.glob("*.whl"):
-        if w.name.split("-")[0].lower().replace("_", "-").replace(".", "-") in names:
-            shutil.unpack_archive(str(w), str(site), format="zip")
-    for old in KIT.glob(f"{prefix}[0-9]"):
-        old.unlink()
-    subprocess.run(f"tar -cf - -C {site} . | xz -6 -T0 | split -b 50m -d -a 1 - {KIT}/{prefix}", shell=True,
-                   check=True)
-    shutil.rmtree(tmp)
-    return names
-
-
 def plan(ns: argparse.Namespace) -> int:
-    parts = sorted(p.name for p in KIT.glob("[pxy][0-9]"))
+    parts = sorted(p.name for p in KIT.glob("b[0-9][0-9]"))
     if not parts:
-        print(f"no kit: run `python3 {SELF} build` first", file=sys.stderr)
+        print(f"no bundle parts: run `python3 {SELF} build` first", file=sys.stderr)
         return 2
     print("# one remote command a part (carry the part, copy it out), back to back; the last starts the run:")
     for name in parts:
         print(json.dumps({"carry": [f".gk/{name}"], "command": f"cp .gk/{name} /tmp/kit.{name}"}))
     print(json.dumps({"command": f"python3 {SELF} start {ns.experiment} && "
-                                 f"python3 {SELF} wait {ns.experiment} --max-s 500"}))
+                                 f"python3 {SELF} wait {ns.experiment} --max-s 400"}))
     print(json.dumps({"command": f"python3 {SELF} wait {ns.experiment}", "repeat": "until packed",
                       "kind": ns.kind}))
     return 0
@@ -143,26 +101,35 @@ def plan(ns: argparse.Namespace) -> int:
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = f"/tmp/site:/tmp/site-x:{REPO / 'src'}"
+    env.pop("PYTHONPATH", None)
     env["HF_HUB_OFFLINE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
 def unpack() -> None:
-    for kind, dest in (("p", "/tmp/site"), ("x", "/tmp/site-x"), ("y", "/tmp/site-y")):
-        if not Path(dest).exists() and list(Path("/tmp").glob(f"kit.{kind}[0-9]")):
-            Path(dest).mkdir(parents=True)
-            subprocess.run(f"cat /tmp/kit.{kind}? | xz -dc | tar -xf - -C {dest}", shell=True, check=True)
+    """There: join the parts into the bundle and install this clone from it (`make install WHEELS=... ENGINE=cuda`:
+    a .venv that sees the host's own packages, every other package from the bundle, no index), once a host."""
+    if not (ON_HOST / "bundle.json").exists():
+        parts = sorted(Path("/tmp").glob("kit.b[0-9][0-9]"))
+        if not parts:
+            raise SystemExit("no bundle parts in /tmp: carry them first (`plan` prints the commands)")
+        ON_HOST.mkdir(parents=True, exist_ok=True)
+        subprocess.run(f"cat {' '.join(map(str, parts))} | tar -xf - -C {ON_HOST}", shell=True, check=True)
     Path(WORK).mkdir(parents=True, exist_ok=True)
-    if Path("/tmp/site-y").exists():  # each peer's Python where `make peers` puts it: its site, then the device's
-        for name in ("aiperf", "guidellm"):
-            wrapper = REPO / ".peers" / name / "bin" / "python"
-            wrapper.parent.mkdir(parents=True, exist_ok=True)
-            # the workflow's environment says offline; each peer's env() decides what it keeps (AIPerf
-            # fails offline on a local tokenizer folder): the wrapper adds nothing of its own
-            wrapper.write_text(f"#!/bin/sh\nPYTHONPATH=/tmp/site-y exec {sys.executable} \"$@\"\n")
-            wrapper.chmod(0o755)
+    if not (REPO / ".venv" / ".speedmatrix-installed").exists():
+        t0 = time.monotonic()
+        with open(f"{WORK}/install.log", "ab") as log:
+            done = subprocess.run(["make", "install", f"WHEELS={ON_HOST}", "ENGINE=cuda", f"PYTHON={sys.executable}"],
+                                  cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+        print(f"make install WHEELS={ON_HOST} ENGINE=cuda: exit {done.returncode} in {time.monotonic() - t0:.0f} s "
+              f"(log {WORK}/install.log)", flush=True)
+        if done.returncode:
+            print(Path(f"{WORK}/install.log").read_text(errors="replace")[-4000:])
+            raise SystemExit(done.returncode)
+    if json.loads((ON_HOST / "bundle.json").read_text()).get("peers") and not (REPO / ".peers").exists():
+        subprocess.run(["make", "peers", f"WHEELS={ON_HOST}", f"PYTHON={sys.executable}"], cwd=REPO, env=_env(),
+                       check=True)
 
 
 def start(ns: argparse.Namespace) -> int:
@@ -170,11 +137,11 @@ def start(ns: argparse.Namespace) -> int:
     until = ["--until", *ns.until] if ns.until else []
     # targets before --config (which takes every word after it)
     targets = [f"{results_dir(ns)}/{ns.experiment}/{t}" for t in ns.target]
-    cmd = [sys.executable, "-m", "snakemake", "--profile", "profiles/default", *targets, *until, "--config",
+    cmd = [str(PY), "-m", "snakemake", "--profile", "profiles/default", *targets, *until, "--config",
            f"experiment={ns.experiment}", f"results_dir={results_dir(ns)}", f"models_dir={WORK}/models", *ns.set]
     log = open(f"{WORK}/run{ns.tag}.log", "ab")
-    subprocess.run([sys.executable, "-c", "import vllm, snakemake, altair, msgspec; print('vllm', vllm.__version__)"],
-                   env=_env(), check=True, cwd=REPO)
+    subprocess.run([str(PY), "-c", "import torch, vllm, snakemake, altair; print('vllm', vllm.__version__, 'torch', "
+                    "torch.__version__, torch.cuda.is_available())"], env=_env(), check=True, cwd=REPO)
     cpus = cpu_list(ns.cpus) if ns.cpus else None
     delay = f"sleep {ns.delay_s:g}; " if ns.delay_s else ""
     proc = subprocess.Popen(["bash", "-c", f"{delay}{' '.join(cmd)}; echo $? > {WORK}/rc{ns.tag}"], stdout=log,
@@ -199,7 +166,8 @@ def agree(ns: argparse.Namespace) -> int:
     Gemma-4-31B shape cut to --layers layers (the same widths and vocabulary; it starts in about a minute,
     eager), one JSON per concurrency into $OUT as each finishes."""
     unpack()
-    sys.path.insert(0, str(REPO / "src"))
+    if Path(sys.executable) != PY:  # the rest in the venv the bundle made
+        os.execve(str(PY), [str(PY), str(REPO / SELF), *sys.argv[1:]], _env())
     from speedmatrix.provision import models
 
     model = Path(WORK) / "models" / f"gemma4-31b-shape-{ns.layers}l"
@@ -210,7 +178,7 @@ def agree(ns: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / "agree-server.log", "wb")
     t0 = time.monotonic()
-    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+    server = subprocess.Popen([str(PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                                "--served-model-name", "shape", "--load-format", "dummy", "--max-model-len", "4096",
                                "--enforce-eager", "--gpu-memory-utilization", "0.5", "--port", "8011"],
                               stdout=log, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
@@ -226,7 +194,7 @@ def agree(ns: argparse.Namespace) -> int:
                 time.sleep(2)
         print(f"server up in {time.monotonic() - t0:.0f} s", flush=True)
         for c, n in ns.shapes:
-            subprocess.run([sys.executable, "-c", "import sys; from speedmatrix.cli import main; sys.exit(main())",
+            subprocess.run([str(PY), "-m", "speedmatrix.cli",
                             "agree", "--url", "http://127.0.0.1:8011", "--model", "shape", "--tokenizer", str(model),
                             "--context", "1024", "--max-tokens", "256", "--requests", str(n), "--concurrency", str(c),
                             "--rounds", str(ns.rounds), "--out", str(out / f"agree-c{c}.json")],
@@ -343,8 +311,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build")
-    b.add_argument("--builder", required=True, metavar="DIR",
-                   help="the kit builder's folder (build.sh, device-has.txt, vllm-0.25.1-server-deps.txt)")
+    b.add_argument("--peers", action="store_true", help="carry AIPerf and GuideLLM too (the reference rule, agree)")
     b.set_defaults(func=build)
     pl = sub.add_parser("plan")
     pl.add_argument("experiment", nargs="?", default="h200-gemma4-31b-shape")

@@ -191,8 +191,9 @@ def cmd_train_pair(ns: argparse.Namespace) -> int:
 def cmd_bundle(ns: argparse.Namespace) -> int:
     from .provision import bundle
 
+    host = bundle.host_has(ns.host_has) if ns.host_has else None
     manifest = bundle.build(ns.target, ns.out, without=tuple(ns.without), also=tuple(ns.also),
-                            peers=tuple(ns.peers), log=lambda m: print(m, file=sys.stderr))
+                            peers=tuple(ns.peers), host=host, log=lambda m: print(m, file=sys.stderr))
     print(f"{ns.out}: {bundle.summary(manifest)}")
     print(f"install a clone from it with no package index: make install WHEELS={ns.out}"
           + ("" if manifest["engine"] == "cpu" else f" ENGINE={manifest['engine']}"))
@@ -437,6 +438,10 @@ def _add_bundle(sub) -> None:
     bu.add_argument("--without", action="append", default=[], metavar="PACKAGE",
                     help="a package the host already has (its own torch, say; a pattern such as 'nvidia-*' too): left "
                     "out of the wheels and the constraints; repeat for more")
+    bu.add_argument("--host-has", type=Path, metavar="FILE",
+                    help="the host's `python3 -m pip list --format=freeze` output: a package it has at the lock's own "
+                    "version is left out (the install uses the host's copy); one at another version is carried "
+                    "(bundle.json lists both)")
     bu.add_argument("--also", action="append", default=[], metavar="REQUIREMENT",
                     help="a pinned requirement carried beside the lock (the installer, the build backend)")
     bu.add_argument("--peers", action="append", default=[], type=Path, metavar="LOCK",

@@ -57,6 +57,12 @@ def pinned(lock: Path) -> list[str]:
     return [ln.strip() for ln in lock.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 
 
+def _version(line: str) -> str:
+    """The pinned version of a lock line ("" where it pins none)."""
+    _, _, version = _requirement(line).partition("==")
+    return version.split(";", 1)[0].strip()
+
+
 def _requirement(line: str) -> str:
     """A lock line without its annotation ("numpy==2.3.5  # via pandas")."""
     return line.split(" #", 1)[0].strip()
@@ -78,21 +84,44 @@ def _pip(*args: str, log=print) -> None:
         raise BundleError(f"pip {args[0]} failed (exit {run.returncode}):\n{run.stderr.strip()[-3000:]}")
 
 
+def host_has(freeze: Path) -> dict[str, str]:
+    """The packages a host lists in its ``pip list --format=freeze`` (or ``pip freeze``) output: name -> version
+    ("" where a line names no version, e.g. ``name @ file:///...``)."""
+    if not freeze.is_file():
+        raise BundleError(f"{freeze}: no such file (write it on the host with `python3 -m pip list --format=freeze`)")
+    found = {}
+    for line in freeze.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        name, _, version = line.partition("==")
+        found[_name(name)] = version.strip() if version else ""
+    if not found:
+        raise BundleError(f"{freeze}: lists no package (expected `pip list --format=freeze` lines, name==version)")
+    return found
+
+
 def build(target_name: str, out: Path, *, without: tuple[str, ...] = (), also: tuple[str, ...] = (),
-          peers: tuple[Path, ...] = (), log=print) -> dict:
+          peers: tuple[Path, ...] = (), host: dict[str, str] | None = None, log=print) -> dict:
     """Download the target's wheels into ``out/wheels`` and describe them in ``out/bundle.json``.
 
     ``without``: packages the host already has (left out of the wheels and of constraints.lock); ``also``:
     requirements added beside the lock (the installer and the build backend, pinned by the caller); ``peers``:
-    the independent clients' lock files, each carried too (their own virtual environments on the host)."""
+    the independent clients' lock files, each carried too (their own virtual environments on the host); ``host``:
+    what the host has installed (``host_has``): a package it has at the lock's own version is left out (the
+    install uses the host's copy), one it has at another version is carried (both listed in the manifest)."""
     if target_name not in TARGETS:
         raise BundleError(f"unknown bundle target {target_name!r}: choose one of {', '.join(TARGETS)}")
     target = TARGETS[target_name]
     lock = REPO / target.lock
     if not lock.is_file():
         raise BundleError(f"{lock}: the {target_name} target's lock file is missing")
+    host = host or {}
     patterns = [_name(w) for w in without]
-    left_out = sorted({_name(r) for r in pinned(lock) if any(fnmatch.fnmatch(_name(r), p) for p in patterns)})
+    # a package the host has is left out only at the lock's own version: the install is then the lock exactly,
+    # the host's copy used where it is the same (another version is carried, and the venv's copy comes first)
+    same = {_name(r) for r in pinned(lock) if host.get(_name(r)) == _version(r)}
+    left_out = sorted({_name(r) for r in pinned(lock) if any(fnmatch.fnmatch(_name(r), p) for p in patterns)} | same)
     kept = [r for r in pinned(lock) if _name(r) not in left_out]
     wheels = out / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
@@ -127,6 +156,9 @@ def build(target_name: str, out: Path, *, without: tuple[str, ...] = (), also: t
         "lock": target.lock,
         "lock_sha256": _sha256(lock),
         "left_out": left_out,
+        "host_has": sorted(same),
+        "host_differs": {_name(r): {"lock": _version(r), "host": host[_name(r)]} for r in pinned(lock)
+                         if _name(r) in host and _name(r) not in left_out},
         "also": list(also),
         "peers": [str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in peers],
         "wheels": {p.name: _sha256(p) for p in files},
