@@ -13,6 +13,8 @@ from speedmatrix.jobs import preflight as sm_preflight
 from speedmatrix.serve import procs as sm_procs
 from speedmatrix.serve import runtimes as sm_runtimes
 from speedmatrix.jobs import summary as sm_summary
+from speedmatrix.history import store as sm_store
+from speedmatrix.core.errors import SpeedmatrixError
 from speedmatrix import workloads as sm_workloads
 
 try:
@@ -119,6 +121,18 @@ def finish_run(succeeded):
         jobs = sm_summary.jobs_of(workflow.dag, workflow.scheduler.failed)
         summary = sm_summary.write(Path(RESULTS), jobs, succeeded)
         print(sm_summary.text(summary))
+        # every run, finished or not, into the results store (speedmatrix history)
+        history = sm_store.path_for(config["results_dir"])
+        try:
+            run_id, new = sm_store.add(RESULTS, history)
+            print(
+                f"speedmatrix: run {run_id} {'added to' if new else 'already in'} the results store {history} "
+                "(speedmatrix history; speedmatrix regress BASE NEW)"
+            )
+        except (SpeedmatrixError, OSError) as err:
+            print(
+                f"speedmatrix: the run was not added to the results store {history}: {err}"
+            )
         page = Path(RESULTS) / "report.html"
         if succeeded and page.exists():
             print(

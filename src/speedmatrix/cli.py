@@ -127,6 +127,51 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _run_side(store_path: Path, ref: str):
+    """A run for the verdict: a results folder (read as it is) or a stored run's id (a unique prefix)."""
+    from .history import store
+
+    if Path(ref).is_dir():
+        row, cells, reqs = store.manifest(ref)
+        return row, cells, reqs
+    run_id = store.resolve(store_path, ref)
+    row = store.runs(store_path).set_index("run_id").loc[run_id].to_dict() | {"run_id": run_id}
+    return row, store.cells(store_path, run_id), store.requests(store_path, run_id)
+
+
+def cmd_history(ns: argparse.Namespace) -> int:
+    from .history import store
+    from .report import regression
+
+    if ns.add:
+        for run in ns.add:
+            run_id, new = store.add(run, ns.store)
+            print(f"{run}: run {run_id} {'added to' if new else 'already in'} {ns.store}")
+        return 0
+    print(regression.history_text(ns.store, ns.experiment, ns.cell))
+    return 0
+
+
+def cmd_regress(ns: argparse.Namespace) -> int:
+    from .history import regress
+    from .report import regression
+
+    base, base_cells, base_reqs = _run_side(ns.store, ns.base)
+    new, new_cells, new_reqs = _run_side(ns.store, ns.new)
+    min_effect = None if ns.min_effect is None else ns.min_effect / 100
+    table = regress.regress(base_cells, base_reqs, new_cells, new_reqs, min_effect, ns.noise_multiple)
+    if ns.out:
+        print(f"wrote {regression.write(ns.out, table, base, new)} (and regress.html, regress.csv)", file=sys.stderr)
+    from .core.table import markdown
+
+    print(markdown(regression.blocks(table, base, new)))
+    code = regress.exit_code(table)
+    if code:
+        print("speedmatrix regress: a cell is significantly slower beyond its minimum effect (exit 1)",
+              file=sys.stderr)
+    return code
+
+
 def cmd_rederive(ns: argparse.Namespace) -> int:
     from .report.rederive import rederive
 
@@ -384,6 +429,38 @@ def _add_comparisons(sub) -> None:
     it.set_defaults(func=cmd_interference)
 
 
+def _add_history(sub) -> None:
+    default_store = Path("results") / "history.sqlite"
+    hi = sub.add_parser(
+        "history", help="the runs in the results store, or one cell across them",
+        description="Every finished or failed run of the workflow adds itself to the results store "
+        "(results/history.sqlite: a SQLite file any SQLite client opens; tables runs, cells, requests). Without "
+        "options: the stored runs, oldest first. --cell SERVER/CELL: that cell's figures in every stored run. "
+        "--add RESULTS: add a results folder by hand (one copied from another machine); adding a run twice adds "
+        "nothing.")
+    hi.add_argument("--store", type=Path, default=default_store, help=f"the store (default: {default_store})")
+    hi.add_argument("--experiment", help="only this experiment's runs")
+    hi.add_argument("--cell", metavar="SERVER/CELL", help="one cell across runs, e.g. base/decode-ctx128-c1")
+    hi.add_argument("--add", nargs="+", metavar="RESULTS", help="add these results folders to the store")
+    hi.set_defaults(func=cmd_history)
+
+    rg = sub.add_parser(
+        "regress", help="per cell and figure: faster, slower, no change or not comparable, with statistics",
+        description=_doc("history.regress") + " Exit status: 1 when a cell is significantly slower beyond its "
+        "minimum effect (a CI job's check), 0 otherwise, 2 on bad input.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    rg.add_argument("base", metavar="BASE", help="a results folder (results/<experiment>) or a stored run's id")
+    rg.add_argument("new", metavar="NEW", help="the same, for the run judged against BASE")
+    rg.add_argument("--store", type=Path, default=default_store, help=f"where run ids are looked up (default: "
+                    f"{default_store})")
+    rg.add_argument("--min-effect", type=float, metavar="PCT",
+                    help="the smallest change in percent that counts (default: from each cell's own noise)")
+    rg.add_argument("--noise-multiple", type=float, default=2.0,
+                    help="without --min-effect: this many times the cell's noise (default 2)")
+    rg.add_argument("--out", type=Path, help="also write regress.md, regress.html and regress.csv here")
+    rg.set_defaults(func=cmd_regress)
+
+
 def _add_run_commands(sub) -> None:
     rd = sub.add_parser(
         "rederive", help="a run's loop verdicts, matrix, decisions and report again from its cell files",
@@ -459,6 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_agree(sub)
     _add_experiment_commands(sub)
     _add_comparisons(sub)
+    _add_history(sub)
     _add_run_commands(sub)
     _add_train_pair(sub)
     return p

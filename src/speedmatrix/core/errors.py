@@ -46,3 +46,7 @@ class RederiveError(SpeedmatrixError):
 
 class BundleError(SpeedmatrixError):
     """An offline bundle that cannot be made or read: the message says which package or file, and what to do."""
+
+
+class StoreError(SpeedmatrixError):
+    """The results store (history.sqlite) or a run asked of it: not there, not a run, ambiguous."""

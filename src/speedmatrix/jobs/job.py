@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..core import atomic
+from ..core import atomic, host
 from ..core.errors import CellError
-from ..measure import client
+from ..measure import client, telemetry
 from ..serve import server
 from ..serve.pool import Placement
 
@@ -49,6 +49,9 @@ def provenance(startup: dict[str, Any], runtime_lock: dict[str, Any], launch: di
         "server_gpus": startup.get("gpus"),
         "models": launch.get("models"),
         "scheduler": scheduler_env(),
+        # the machine and the code: the results store's run table reads these
+        **host.facts(),
+        "gpu_driver": telemetry.driver_version(),
     }
 
 

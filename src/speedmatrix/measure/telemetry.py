@@ -49,6 +49,15 @@ def visible_indices(nvml, env: dict[str, str] | None = None) -> list[int]:
     return list(range(count))
 
 
+def driver_version() -> str | None:
+    """The NVIDIA driver's version (None without NVML)."""
+    nvml = _nvml()
+    if nvml is None:
+        return None
+    version = nvml.nvmlSystemGetDriverVersion()
+    return version.decode() if isinstance(version, bytes) else version
+
+
 def gpu_names(env: dict[str, str] | None = None) -> list[str] | None:
     nvml = _nvml()
     if nvml is None:

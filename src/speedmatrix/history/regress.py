@@ -1,0 +1,170 @@
+"""The regression verdict between two runs: per cell and figure, faster / slower / no change / not comparable.
+
+Method (docs/decisions/0022-regression-verdicts.md): each figure is computed from the cell's requests (those its
+window counted, without error and outside warm-up phases), and a bootstrap over those requests, resampled within
+each repeat and independently in each run, gives a 95 % percentile interval of NEW's change against BASE. A
+change is a verdict only when that interval excludes zero *and* the change is at least the minimum effect: the
+user's (``min_effect``), else the cell's own noise (``noise_multiple`` times the larger of the two runs' noise:
+the spread between the cell's repeats where it has several, and its own bootstrap interval's half-width). Cells
+measured differently (another server config, cell, prompt set, window or client setting: ``basis_sha256``), in a
+status with no figure (looped, over capacity, client-bound, lossy, failed) or whose load is the run's own result
+(a search) are *not comparable* and never compared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .. import workloads
+
+COMPARABLE_STATUSES = ("valid", "unstable")
+FASTER, SLOWER, SAME, NOT_COMPARABLE = "faster", "slower", "no change", "not comparable"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure the verdict judges: its name, unit, which way is better, and how it comes from requests."""
+
+    name: str
+    label: str
+    higher_is_better: bool
+
+    def values(self, reqs: pd.DataFrame) -> np.ndarray:
+        ttft_s = reqs["ttft_ms"].astype(float) / 1000
+        span = reqs["end_s"].astype(float) - reqs["start_s"].astype(float)
+        tokens = reqs["output_tokens"].astype(float)
+        if self.name == "ttft_ms":
+            v = reqs["ttft_ms"].astype(float)
+        elif self.name == "tpot_ms":
+            v = ((span - ttft_s) / (tokens - 1) * 1000).where(tokens >= 2)
+        else:  # output tok/s of one request over its whole time (sent to last token: bursts of delivery cancel)
+            v = (tokens / span).where((tokens >= 2) & (span > 0))
+        return v.to_numpy(dtype=float)
+
+    def statistic(self, values: np.ndarray, axis: int = -1) -> np.ndarray:
+        # latencies: the median (the matrix's); a request's rate: the mean (tok/s at a load is the sum of rates)
+        return np.nanmedian(values, axis=axis) if not self.higher_is_better else np.nanmean(values, axis=axis)
+
+
+FIGURES = [Figure("request_tok_s", "output tok/s per request", True), Figure("ttft_ms", "median TTFT", False),
+           Figure("tpot_ms", "median TPOT", False)]
+MIN_REQUESTS = 5  # fewer samples on a side than this: no verdict on the figure
+RESAMPLES = 2000
+
+
+def counted(reqs: pd.DataFrame) -> pd.DataFrame:
+    """The requests a cell's figures are made of: counted in the window, no error, not a warm-up."""
+    keep = reqs["counted"].fillna(True).astype(bool) & reqs["error"].isna()
+    keep &= ~reqs["phase"].fillna("").astype(str).str.contains("warmup")
+    return reqs[keep]
+
+
+def _seed(*parts: str) -> int:
+    return int(hashlib.sha256("/".join(parts).encode()).hexdigest()[:8], 16)
+
+
+def _boot(fig: Figure, values: np.ndarray, strata: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """RESAMPLES bootstrap statistics: requests drawn with replacement within each repeat."""
+    picks = []
+    for s in np.unique(strata):
+        idx = np.flatnonzero(strata == s)
+        picks.append(idx[rng.integers(0, len(idx), size=(RESAMPLES, len(idx)))])
+    return fig.statistic(values[np.concatenate(picks, axis=1)], axis=1)
+
+
+def _repeat_cv(fig: Figure, values: np.ndarray, strata: np.ndarray) -> float:
+    per = [fig.statistic(values[strata == s]) for s in np.unique(strata)]
+    per = [p for p in per if np.isfinite(p)]
+    return float(np.std(per, ddof=1) / np.mean(per)) if len(per) >= 2 and np.mean(per) else 0.0
+
+
+def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, min_effect: float | None,
+                 noise_multiple: float) -> dict[str, Any]:
+    """One figure of one cell: the change, its interval, the minimum effect used and the verdict."""
+    out: dict[str, Any] = {"figure": fig.name}
+    vb, vn = fig.values(base), fig.values(new)
+    ob, on = np.isfinite(vb), np.isfinite(vn)
+    if ob.sum() < MIN_REQUESTS or on.sum() < MIN_REQUESTS:
+        return {**out, "verdict": NOT_COMPARABLE, "reason": f"fewer than {MIN_REQUESTS} requests with this figure"}
+    vb, sb = vb[ob], base["repeat"].fillna(1).to_numpy()[ob]
+    vn, sn = vn[on], new["repeat"].fillna(1).to_numpy()[on]
+    point_b, point_n = float(fig.statistic(vb)), float(fig.statistic(vn))
+    rng = np.random.default_rng(_seed(key, fig.name))
+    boot_b, boot_n = _boot(fig, vb, sb, rng), _boot(fig, vn, sn, rng)
+    change = point_n / point_b - 1
+    low, high = (float(x) for x in np.nanpercentile(boot_n / boot_b - 1, [2.5, 97.5]))
+    noise = max(_repeat_cv(fig, vb, sb), _repeat_cv(fig, vn, sn),
+                *(float(np.nanpercentile(b, 97.5) - np.nanpercentile(b, 2.5)) / 2 / p
+                  for b, p in ((boot_b, point_b), (boot_n, point_n))))
+    threshold = min_effect if min_effect is not None else noise_multiple * noise
+    better = change > 0 if fig.higher_is_better else change < 0
+    if (low > 0 or high < 0) and abs(change) >= threshold:
+        verdict, reason = (FASTER if better else SLOWER), ""
+    else:
+        verdict = SAME
+        reason = ("the interval holds no change" if low <= 0 <= high
+                  else f"smaller than the minimum effect ({threshold:.1%})")
+    return {**out, "base": point_b, "new": point_n, "change": change, "ci_low": low, "ci_high": high,
+            "noise": noise, "min_effect": threshold, "verdict": verdict, "reason": reason,
+            "base_requests": int(ob.sum()), "new_requests": int(on.sum())}
+
+
+def _why_not(b: pd.Series, n: pd.Series) -> str | None:
+    if b["basis_sha256"] != n["basis_sha256"]:
+        return ("the server config differs (flags, environment or models)" if b["config_sha256"] != n["config_sha256"]
+                else "measured differently (the cell's prompts, window, sampling or the client's settings)")
+    for side, row in (("base", b), ("new", n)):
+        if row["status"] not in COMPARABLE_STATUSES:
+            return f"{row['status'].replace('_', ' ')} in {side}"
+    if workloads.get(b["workload"]).searches:
+        return "a search: the loads it measured are its own result in each run"
+    return None
+
+
+def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.DataFrame, new_reqs: pd.DataFrame,
+            min_effect: float | None = None, noise_multiple: float = 2.0) -> pd.DataFrame:
+    """One row per cell and figure (cells on one side only: one row, not comparable), changed cells first."""
+    rows = []
+    on = ["server_id", "cell_id"]
+    both = base_cells.merge(new_cells, on=on, how="outer", suffixes=("_b", "_n"), indicator=True)
+    by_b = {k: g for k, g in base_reqs.groupby(on)}
+    by_n = {k: g for k, g in new_reqs.groupby(on)}
+    for _, r in both.iterrows():
+        ident = {"server_id": r["server_id"], "cell_id": r["cell_id"],
+                 "workload": r["workload_b"] if pd.notna(r.get("workload_b")) else r.get("workload_n")}
+        if r["_merge"] != "both":
+            rows.append({**ident, "figure": None, "verdict": NOT_COMPARABLE,
+                         "reason": f"only in {'base' if r['_merge'] == 'left_only' else 'new'}"})
+            continue
+        b = pd.Series({k[:-2]: v for k, v in r.items() if k.endswith("_b")})
+        n = pd.Series({k[:-2]: v for k, v in r.items() if k.endswith("_n")})
+        why = _why_not(b, n)
+        if why:
+            rows.append({**ident, "figure": None, "verdict": NOT_COMPARABLE, "reason": why})
+            continue
+        key = (r["server_id"], r["cell_id"])
+        rb, rn = counted(by_b.get(key, base_reqs.iloc[:0])), counted(by_n.get(key, new_reqs.iloc[:0]))
+        for fig in FIGURES:
+            rows.append({**ident, **judge_figure(fig, rb, rn, "/".join(key), min_effect, noise_multiple)})
+    out = pd.DataFrame(rows)
+    order = {SLOWER: 0, FASTER: 1, SAME: 2, NOT_COMPARABLE: 3}
+    out["_o"] = out["verdict"].map(order)
+    return out.sort_values(["_o", "server_id", "cell_id"], kind="stable").drop(columns="_o").reset_index(drop=True)
+
+
+def cell_verdicts(table: pd.DataFrame) -> pd.DataFrame:
+    """One verdict a cell: slower if any figure is, else faster if any is, else no change, else not comparable."""
+    order = [SLOWER, FASTER, SAME, NOT_COMPARABLE]
+    worst = table.groupby(["server_id", "cell_id"], sort=False)["verdict"].agg(
+        lambda v: next(o for o in order if o in set(v)))
+    return worst.reset_index()
+
+
+def exit_code(table: pd.DataFrame) -> int:
+    """1 when any figure of any cell is significantly slower beyond its minimum effect, else 0 (for CI jobs)."""
+    return int((table["verdict"] == SLOWER).any())

@@ -1,0 +1,277 @@
+"""The results store: every run, one SQLite file under the results root (``<results>/history.sqlite``).
+
+Three tables. ``runs``: one row a run, keyed by ``run_id`` (a hash of the experiment and of every cell's
+measurement key and start time, so that the same run added twice adds nothing and a run resumed later, with more
+cells, is a second run), with its manifest: experiment, status (complete / partial / failed, from the run
+summary), start, the vLLM version and runtime pin (image digest or environment lock hash), model hashes, host, CPU
+and GPU model, driver, speedmatrix commit, and where it was read from. ``cells``: one row per cell per run, every
+column of the matrix (lists and mappings as JSON text) plus ``config_sha256`` (the server config: its flags,
+environment and models, not where or with what it ran) and ``basis_sha256`` (that and the cell and its client
+settings: two cells with the same basis measured the same thing, so their figures can be compared). ``requests``:
+each request's timing, for the regression verdict. Any SQLite client opens it (``sqlite3``, DuckDB, pandas).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..core import atomic
+from ..core.errors import StoreError
+
+FILE = "history.sqlite"
+SCHEMA_VERSION = 1
+# per request: what the regression verdict resamples, and what says which requests count
+REQUEST_COLUMNS = ["server_id", "cell_id", "repeat", "request_index", "phase", "counted", "start_s", "end_s",
+                   "ttft_ms", "output_tokens", "prompt_tokens", "error", "looped"]
+RUN_COLUMNS = ["run_id", "experiment", "status", "cells", "started_at", "added_at", "vllm_version", "runtime_ref",
+               "packages_sha256", "models_sha256", "hostname", "cpu_model", "cpu_count", "gpu_name", "gpu_driver",
+               "speedmatrix_commit", "speedmatrix_version", "jobs", "failed_jobs", "source"]
+
+
+def path_for(results_root: str | Path) -> Path:
+    return Path(results_root) / FILE
+
+
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def server_flags(argv: list[str] | None, models: dict[str, Any] | None) -> list[str]:
+    """A launch's server arguments as they define the config: from the server's module on, without the host and
+    port it happened to get, each model's folder written as the model's name (the folder differs by machine)."""
+    argv = list(argv or [])
+    if "-m" in argv:
+        argv = argv[argv.index("-m") + 1:]
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--host", "--port"):
+            skip = True
+            continue
+        for name in models or {}:
+            arg = re.sub(r"[^\s\"',]*/" + re.escape(name) + r"(?=[\"',\s]|$)", name, arg)
+        out.append(arg)
+    return out
+
+
+def _env_of(argv: list[str] | None) -> list[str]:
+    """The ``env NAME=value`` settings a launch put before the server's executable."""
+    argv = list(argv or [])
+    return [a for a in argv[1:argv.index("-m") - 1] if "=" in a] if argv[:1] == ["env"] and "-m" in argv else []
+
+
+def cell_identity(cell: dict[str, Any]) -> dict[str, str]:
+    """A cell JSON's server config hash and measurement basis hash (see the module's doc)."""
+    prov = cell.get("provenance") or {}
+    models = {name: (m or {}).get("files") for name, m in (prov.get("models") or {}).items()}
+    config = {"server": {k: v for k, v in (cell.get("server") or {}).items() if k != "server_id"},
+              "flags": server_flags(prov.get("launch_argv"), prov.get("models")),
+              "env": _env_of(prov.get("launch_argv")), "models": models}
+    config_sha = _sha(config)
+    spec = dict(cell.get("cell") or {})
+    return {"config_sha256": config_sha,
+            "basis_sha256": _sha({"config": config_sha, "cell": spec, "client": cell.get("client")}),
+            "measurement_key": cell.get("measurement_key")}
+
+
+def _cell_files(run: Path) -> list[Path]:
+    return sorted(p for p in (run / "cells").glob("*/*.json")) if (run / "cells").is_dir() else []
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value, default=str)
+    if pd.isna(value):
+        return None
+    return str(value)
+
+
+def _rows(run: Path) -> tuple[pd.DataFrame, dict[str, dict[str, Any]]]:
+    """The run's cells as matrix rows (its matrix.parquet, else each judged cell's row made as aggregate makes it)
+    and each cell's JSON by (server, cell)."""
+    cells = {}
+    for path in _cell_files(run):
+        doc = atomic.read_json_if_there(path)
+        if doc and "cell" in doc:
+            cells[(doc["cell"]["server_id"], doc["cell"]["cell_id"])] = doc
+    if (run / "matrix.parquet").exists():
+        matrix = pd.read_parquet(run / "matrix.parquet")
+    else:  # a run that stopped before its matrix: the cells it judged
+        from ..jobs import aggregate
+
+        rows = []
+        for (sid, cid), doc in cells.items():
+            loops = atomic.read_json_if_there(run / "loops" / sid / f"{cid}.json")
+            if loops:
+                rows.append(aggregate.matrix_row(doc, loops))
+        matrix = pd.DataFrame(rows)
+    return matrix, cells
+
+
+def manifest(run: str | Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
+    """A results folder read for the store: its run row, its cell rows and its request rows."""
+    run = Path(run)
+    if not run.is_dir():
+        raise StoreError(f"{run}: no such results folder (give results/<experiment> of a run)")
+    matrix, cells = _rows(run)
+    summary = atomic.read_json_if_there(run / "run-summary.json") or {}
+    if matrix.empty and not cells and not summary:
+        raise StoreError(f"{run}: no cell results (cells/*/*.json) and no run-summary.json: not a run's results folder")
+    lock = atomic.read_json_if_there(run / "runtime.lock.json") or {}
+    models_lock = (run / "models.lock").read_bytes() if (run / "models.lock").exists() else b""
+    provs = [doc.get("provenance") or {} for doc in cells.values()]
+    first = lambda key: next((p.get(key) for p in provs if p.get(key) is not None), None)  # noqa: E731
+    experiment = (matrix["experiment"].iloc[0] if len(matrix) else next(iter(cells.values()))["experiment"] if cells
+                  else run.name)
+    started = sorted(str(doc["result"].get("started_at")) for doc in cells.values() if doc["result"].get("started_at"))
+    keys = sorted((sid, cid, doc.get("measurement_key"), doc["result"].get("started_at"))
+                  for (sid, cid), doc in cells.items())
+    # a run that finished no cell is told apart from another such run by when it ended
+    ended = {} if keys else {"ended": summary.get("written_at")}
+    run_id = _sha({"experiment": experiment, "cells": keys, **ended})[:12]
+    # a folder kept without its run summary (a recorded run): what it holds, its end unknown
+    status = ("unknown" if not summary else "complete" if summary.get("succeeded") and not summary.get("failed")
+              else "failed" if not summary.get("succeeded") else "partial")
+    gpu = matrix["gpu_name"].dropna() if "gpu_name" in matrix else pd.Series(dtype=object)
+    row = {
+        "run_id": run_id, "experiment": experiment, "status": status, "cells": len(matrix),
+        "started_at": started[0] if started else None, "added_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "vllm_version": first("vllm_version"), "runtime_ref": lock.get("runtime_ref") or first("runtime_ref"),
+        "packages_sha256": lock.get("packages_sha256") or first("packages_sha256"),
+        "models_sha256": hashlib.sha256(models_lock).hexdigest()[:16] if models_lock else None,
+        "hostname": first("hostname"), "cpu_model": first("cpu_model"), "cpu_count": first("cpu_count"),
+        "gpu_name": str(gpu.iloc[0]) if len(gpu) else None, "gpu_driver": first("gpu_driver"),
+        "speedmatrix_commit": first("speedmatrix_commit"), "speedmatrix_version": first("speedmatrix_version"),
+        "jobs": summary.get("jobs"), "failed_jobs": summary.get("failed"), "source": str(run.resolve()),
+    }
+    ids = pd.DataFrame([{"server_id": sid, "cell_id": cid, **cell_identity(doc)} for (sid, cid), doc in cells.items()],
+                       columns=["server_id", "cell_id", "config_sha256", "basis_sha256", "measurement_key"])
+    cell_rows = matrix.merge(ids, on=["server_id", "cell_id"], how="left") if len(matrix) else matrix
+    cell_rows.insert(0, "run_id", run_id)
+    reqs = pd.read_parquet(run / "requests.parquet") if (run / "requests.parquet").exists() else _requests_of(run)
+    reqs = reqs.reindex(columns=REQUEST_COLUMNS)
+    reqs.insert(0, "run_id", run_id)
+    return row, cell_rows, reqs
+
+
+def _requests_of(run: Path) -> pd.DataFrame:
+    tables = [pd.read_parquet(p) for p in sorted((run / "cells").glob("*/*.requests.parquet"))]
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=REQUEST_COLUMNS)
+
+
+@contextmanager
+def connect(store: str | Path, create: bool = False) -> Iterator[sqlite3.Connection]:
+    store = Path(store)
+    if not create and not store.exists():
+        raise StoreError(f"{store}: no results store here yet (a finished run adds itself: `make run`; or "
+                         "`speedmatrix history add results/<experiment>`)")
+    store.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(store, timeout=60)
+    try:
+        con.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+        con.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        yield con
+        con.commit()
+    finally:
+        con.close()
+
+
+def _columns(con: sqlite3.Connection, table: str) -> list[str]:
+    return [r[1] for r in con.execute(f'PRAGMA table_info("{table}")')]
+
+
+def _append(con: sqlite3.Connection, table: str, frame: pd.DataFrame, key: str | None = None) -> None:
+    """Append rows, adding any column the table does not have yet (a later version's matrix has more)."""
+    frame = frame.astype(object).where(frame.notna(), None).map(_jsonable) if len(frame) else frame
+    have = _columns(con, table)
+    if not have:
+        cols = ", ".join(f'"{c}"' + (" PRIMARY KEY" if c == key else "") for c in frame.columns)
+        con.execute(f'CREATE TABLE "{table}" ({cols})')
+        have = list(frame.columns)
+    for col in frame.columns:
+        if col not in have:
+            con.execute(f'ALTER TABLE "{table}" ADD COLUMN "{col}"')
+    if len(frame):
+        marks = ", ".join("?" for _ in frame.columns)
+        names = ", ".join(f'"{c}"' for c in frame.columns)
+        con.executemany(f'INSERT INTO "{table}" ({names}) VALUES ({marks})', frame.itertuples(index=False, name=None))
+
+
+def add(run: str | Path, store: str | Path) -> tuple[str, bool]:
+    """Add a results folder's run to the store: (its run id, whether it was new). One transaction: a run is in the
+    store whole or not at all."""
+    row, cells, reqs = manifest(run)
+    with connect(store, create=True) as con:
+        if "runs" in _tables(con) and con.execute("SELECT 1 FROM runs WHERE run_id = ?", (row["run_id"],)).fetchone():
+            return row["run_id"], False
+        _append(con, "runs", pd.DataFrame([row], columns=RUN_COLUMNS), key="run_id")
+        _append(con, "cells", cells)
+        _append(con, "requests", reqs)
+        for table, cols in (("cells", "run_id, server_id, cell_id"), ("requests", "run_id, server_id, cell_id")):
+            con.execute(f'CREATE INDEX IF NOT EXISTS "{table}_by_cell" ON "{table}" ({cols})')
+    return row["run_id"], True
+
+
+def _tables(con: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def runs(store: str | Path, experiment: str | None = None) -> pd.DataFrame:
+    with connect(store) as con:
+        if "runs" not in _tables(con):
+            return pd.DataFrame(columns=RUN_COLUMNS)
+        query, args = "SELECT * FROM runs", ()
+        if experiment:
+            query, args = query + " WHERE experiment = ?", (experiment,)
+        return pd.read_sql_query(query + " ORDER BY started_at", con, params=args)
+
+
+def resolve(store: str | Path, ref: str) -> str:
+    """A run id from a unique prefix of one, or from the results folder it was read from."""
+    found = runs(store)
+    if Path(ref).is_dir():
+        hit = found[found["source"] == str(Path(ref).resolve())]
+    else:
+        hit = found[found["run_id"].str.startswith(ref)]
+    if len(hit) != 1:
+        what = "no run" if hit.empty else f"{len(hit)} runs ({', '.join(hit['run_id'])})"
+        raise StoreError(f"{ref}: {what} in {store} matches (list them with `speedmatrix history`)")
+    return str(hit["run_id"].iloc[-1])
+
+
+def cells(store: str | Path, run_id: str) -> pd.DataFrame:
+    with connect(store) as con:
+        return pd.read_sql_query("SELECT * FROM cells WHERE run_id = ?", con, params=(run_id,))
+
+
+def requests(store: str | Path, run_id: str) -> pd.DataFrame:
+    with connect(store) as con:
+        return pd.read_sql_query("SELECT * FROM requests WHERE run_id = ?", con, params=(run_id,))
+
+
+def cell_history(store: str | Path, server_id: str, cell_id: str, experiment: str | None = None) -> pd.DataFrame:
+    """One cell in every stored run: the run's manifest beside the cell's figures, oldest first."""
+    with connect(store) as con:
+        query = ("SELECT r.started_at AS run_started_at, r.vllm_version AS run_vllm_version, r.status AS run_status, "
+                 "r.hostname AS run_hostname, r.speedmatrix_commit, c.* FROM cells c JOIN runs r USING (run_id) "
+                 "WHERE c.server_id = ? AND c.cell_id = ?")
+        args: tuple = (server_id, cell_id)
+        if experiment:
+            query, args = query + " AND r.experiment = ?", (*args, experiment)
+        return pd.read_sql_query(query + " ORDER BY r.started_at", con, params=args)

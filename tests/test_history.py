@@ -1,0 +1,119 @@
+"""The results store and the regression verdict, on a recorded run (docs/results/h200-tiny-trained-spec: CUDA vLLM
+0.25.1 on an H200, every cell's JSON and requests kept): no engine runs here."""
+
+import json
+import shutil
+import sqlite3
+
+import pandas as pd
+import pytest
+
+from conftest import REPO
+from speedmatrix.cli import main
+from speedmatrix.core.errors import StoreError
+from speedmatrix.history import regress, store
+
+RECORDED = REPO / "docs" / "results" / "h200-tiny-trained-spec"
+SLOWED = ("mtp2", "decode-ctx128-c16-temp0.7")
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """The recorded run, a second run of it with one cell 40 % slower (its requests take 1.4 times as long), and a
+    third whose one cell was measured with another client seed."""
+    root = tmp_path_factory.mktemp("runs")
+    base = root / "base"
+    shutil.copytree(RECORDED, base, ignore=shutil.ignore_patterns("first-run", "logs", "servers", "charts"))
+    slow = root / "slow"
+    shutil.copytree(base, slow)
+    sid, cid = SLOWED
+    reqs_path = slow / "cells" / sid / f"{cid}.requests.parquet"
+    reqs = pd.read_parquet(reqs_path)
+    reqs["ttft_ms"] *= 1.4
+    reqs["end_s"] = reqs["start_s"] + (reqs["end_s"] - reqs["start_s"]) * 1.4
+    reqs.to_parquet(reqs_path)
+    for doc_path in (slow / "cells").glob("*/*.json"):  # a later run: each cell started later
+        doc = json.loads(doc_path.read_text())
+        doc["result"]["started_at"] = "2026-12-03T10:00:00+0000"
+        doc_path.write_text(json.dumps(doc))
+    other = root / "other"
+    shutil.copytree(base, other)
+    doc_path = other / "cells" / "base" / "decode-ctx128-c1-temp0.7.json"
+    doc = json.loads(doc_path.read_text())
+    doc["client"]["seed"] = 7
+    doc_path.write_text(json.dumps(doc))
+    return base, slow, other
+
+
+def test_a_run_is_stored_once_with_its_manifest_and_any_sqlite_client_reads_it(recorded, tmp_path):
+    base, slow, _ = recorded
+    db = tmp_path / "history.sqlite"
+    first, added = store.add(base, db)
+    assert added and store.add(base, db) == (first, False)  # the same run twice adds nothing
+    second, added = store.add(slow, db)
+    assert added and second != first
+    runs = store.runs(db)
+    assert list(runs["run_id"]) == [first, second]
+    row = runs.iloc[0]
+    assert row["vllm_version"] == "0.25.1" and row["gpu_name"] == "NVIDIA H200" and row["cells"] == 15
+    assert row["status"] == "unknown"  # kept without its run summary
+    with sqlite3.connect(db) as con:  # a plain SQLite client: every matrix figure, one row per cell per run
+        n, tok_s = con.execute("SELECT count(*), max(total_tok_s) FROM cells WHERE run_id = ?", (first,)).fetchone()
+        reqs = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", (first,)).fetchone()[0]
+    matrix = pd.read_parquet(base / "matrix.parquet")
+    assert n == len(matrix) and tok_s == pytest.approx(matrix["total_tok_s"].max())
+    assert reqs == sum(len(pd.read_parquet(p)) for p in (base / "cells").glob("*/*.requests.parquet"))
+    history = store.cell_history(db, *SLOWED)
+    assert list(history["run_id"]) == [first, second] and history["total_tok_s"].notna().all()
+    assert store.resolve(db, first[:6]) == first and store.resolve(db, str(slow)) == second
+    with pytest.raises(StoreError, match="speedmatrix history"):
+        store.resolve(db, "ffffff")
+
+
+def test_a_failed_run_is_stored_as_failed(recorded, tmp_path):
+    base, _, _ = recorded
+    failed = tmp_path / "failed"
+    shutil.copytree(base, failed)
+    (failed / "matrix.parquet").unlink()  # it stopped before its matrix: the cells it judged are what it has
+    shutil.rmtree(failed / "cells" / "mtp4")
+    (failed / "run-summary.json").write_text(json.dumps({"succeeded": False, "failed": 3, "jobs": 40}))
+    row, cells, _ = store.manifest(failed)
+    assert row["status"] == "failed" and row["failed_jobs"] == 3
+    with pytest.raises(StoreError, match="not a run's results folder"):
+        store.manifest(tmp_path / "failed" / "cells" / "base")
+
+
+def test_a_run_against_itself_changes_nothing(recorded):
+    base, _, _ = recorded
+    _, cells, reqs = store.manifest(base)
+    table = regress.regress(cells, reqs, cells, reqs)
+    judged = table[table["verdict"] != regress.NOT_COMPARABLE]
+    assert len(judged) >= 3 * 12 and (judged["verdict"] == regress.SAME).all()
+    assert (judged["change"] == 0).all() and regress.exit_code(table) == 0
+
+
+def test_a_slower_cell_is_found_and_the_exit_code_says_so(recorded, tmp_path, capsys):
+    base, slow, other = recorded
+    _, bc, br = store.manifest(base)
+    _, sc, sr = store.manifest(slow)
+    table = regress.regress(bc, br, sc, sr)
+    per_cell = regress.cell_verdicts(table).set_index(["server_id", "cell_id"])["verdict"]
+    assert per_cell[SLOWED] == regress.SLOWER
+    assert (per_cell.drop(SLOWED).isin([regress.SAME, regress.NOT_COMPARABLE])).all()
+    rate = table[(table["cell_id"] == SLOWED[1]) & (table["server_id"] == SLOWED[0])
+                 & (table["figure"] == "request_tok_s")].iloc[0]
+    assert rate["change"] == pytest.approx(1 / 1.4 - 1, abs=0.01) and rate["ci_high"] < 0
+    assert table.iloc[0]["verdict"] == regress.SLOWER  # the changed cells first
+    # a measurement made differently is never compared
+    _, oc, orq = store.manifest(other)
+    mixed = regress.regress(bc, br, oc, orq)
+    row = mixed[(mixed["server_id"] == "base") & (mixed["cell_id"] == "decode-ctx128-c1-temp0.7")].iloc[0]
+    assert row["verdict"] == regress.NOT_COMPARABLE and "measured differently" in row["reason"]
+    # the command: exit 1 on a slowdown, the table and its files written
+    out = tmp_path / "verdict"
+    assert main(["regress", str(base), str(slow), "--out", str(out), "--store", str(tmp_path / "none.sqlite")]) == 1
+    printed = capsys.readouterr().out
+    assert "**1 cell slower**" in printed and SLOWED[1] in printed
+    assert (out / "regress.csv").exists() and "Against run" in (out / "regress.md").read_text()
+    # a minimum effect above the slowdown: no verdict of slower
+    assert main(["regress", str(base), str(slow), "--min-effect", "60", "--store", str(tmp_path / "x.sqlite")]) == 0
