@@ -47,11 +47,15 @@ def _sha(obj: Any) -> str:
 
 
 def server_flags(argv: list[str] | None, models: dict[str, Any] | None) -> list[str]:
-    """A launch's server arguments as they define the config: from the server's module on, without the host and
-    port it happened to get, each model's folder written as the model's name (the folder differs by machine)."""
+    """A launch's server arguments as they define the config: what follows the model's folder (however the server
+    was started: ``python -m vllm.entrypoints...``, ``vllm serve``, a container), without the host and port it
+    happened to get, each model's folder written as the model's name (the folder differs by machine)."""
     argv = list(argv or [])
-    if "-m" in argv:
-        argv = argv[argv.index("-m") + 1:]
+    names = list(models or {})
+    first = next((i for i, a in enumerate(argv) if any(a.rstrip("/").endswith("/" + n) or a == n for n in names)),
+                 None)
+    if first is not None:
+        argv = argv[first + 1:]
     out, skip = [], False
     for arg in argv:
         if skip:
@@ -60,7 +64,7 @@ def server_flags(argv: list[str] | None, models: dict[str, Any] | None) -> list[
         if arg in ("--host", "--port"):
             skip = True
             continue
-        for name in models or {}:
+        for name in names:
             arg = re.sub(r"[^\s\"',]*/" + re.escape(name) + r"(?=[\"',\s]|$)", name, arg)
         out.append(arg)
     return out
@@ -69,7 +73,12 @@ def server_flags(argv: list[str] | None, models: dict[str, Any] | None) -> list[
 def _env_of(argv: list[str] | None) -> list[str]:
     """The ``env NAME=value`` settings a launch put before the server's executable."""
     argv = list(argv or [])
-    return [a for a in argv[1:argv.index("-m") - 1] if "=" in a] if argv[:1] == ["env"] and "-m" in argv else []
+    out = []
+    for arg in argv[1:] if argv[:1] == ["env"] else []:
+        if "=" not in arg or arg.startswith(("-", "/")):
+            break
+        out.append(arg)
+    return out
 
 
 def cell_identity(cell: dict[str, Any]) -> dict[str, str]:

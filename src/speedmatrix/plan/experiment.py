@@ -244,9 +244,12 @@ class Experiment:
         return out
 
     def digest(self) -> str:
-        """sha256 of what the experiment is made of on disk: its file, then each local dataset file it names (path
-        and bytes, in name order). A record of a run says which experiment it ran by this."""
+        """sha256 of what the experiment is made of on disk: its file (and each one it extends), then each local
+        dataset file it names (path and bytes, in name order). A record of a run says which experiment it ran by
+        this."""
         h = hashlib.sha256(self.path.read_bytes())
+        for parent in sources(self.name, self.path.parent)[1:]:
+            h.update(b"\0extends\0" + parent.read_bytes())
         for name, spec in sorted((self.raw.get("datasets") or {}).items()):
             if "path" in spec:
                 h.update(f"\0{name}\0{spec['path']}\0".encode())
@@ -475,6 +478,45 @@ def _check_references(exp: dict[str, Any], source: str) -> None:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
 
 
+def _merge(base: dict, over: dict) -> dict:
+    """``over`` on ``base``: mappings key by key, anything else replaced whole."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _read(path: Path, experiments_dir: str | Path, seen: tuple[str, ...]) -> dict:
+    """An experiment file's keys, with those of the experiment it ``extends`` under them."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: an experiment must be a mapping of keys, got {type(raw).__name__}")
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    base = Path(experiments_dir) / f"{parent}.yaml"
+    if not isinstance(parent, str) or not base.exists():
+        raise ConfigError(f"{path}: key 'extends': no experiment {parent!r} ({base} is not there)")
+    if path.stem in seen:
+        raise ConfigError(f"{path}: key 'extends': {' -> '.join((*seen, path.stem))} comes back to itself")
+    return _merge(_read(base, experiments_dir, (*seen, path.stem)), raw)
+
+
+def sources(name: str, experiments_dir: str | Path = "config/experiments") -> list[Path]:
+    """The files an experiment is read from: its own, then each one it extends."""
+    out, path = [], Path(experiments_dir) / f"{name}.yaml"
+    while path.exists() and path not in out:
+        out.append(path)
+        parent = (yaml.safe_load(path.read_text()) or {}).get("extends")
+        if not isinstance(parent, str):
+            break
+        path = Path(experiments_dir) / f"{parent}.yaml"
+    return out
+
+
 def load(name: str, experiments_dir: str | Path = "config/experiments") -> Experiment:
     path = Path(experiments_dir) / f"{name}.yaml"
     if not path.exists():
@@ -483,12 +525,7 @@ def load(name: str, experiments_dir: str | Path = "config/experiments") -> Exper
             f"unknown experiment {name!r}: no file {path}. Available experiments: "
             f"{', '.join(names) if names else '(none)'}"
         )
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: an experiment must be a mapping of keys, got {type(raw).__name__}")
+    raw = _read(path, experiments_dir, ())
     validate(raw, "experiment", str(path))
     settings.apply_defaults(raw, settings.schema("experiment"), settings.schema("experiment"))
     _check_references(raw, str(path))
