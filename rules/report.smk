@@ -14,6 +14,7 @@ rule report:
         lossless=lossless_files(),
         references=reference_files(),
         models_lock=f"{RESULTS}/models.lock",
+        published=published_files(),
     output:
         **chart_outputs(),
         md=f"{RESULTS}/report.md",
@@ -31,5 +32,7 @@ rule report:
         experiments_dir=config["experiments_dir"],
         # the charts' captions (the same text as snakemake --report's)
         captions="docs/captions",
+        # the results store: the section on this run's cells in earlier runs
+        history=str(sm_store.path_for(config["results_dir"])),
     script:
         "../workflow/scripts/report.py"

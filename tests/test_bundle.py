@@ -20,13 +20,15 @@ def test_what_a_host_has_is_left_out_of_the_wheels_and_the_constraints(tmp_path,
     monkeypatch.setattr(bundle, "_pip", lambda *args, log=print: asked.append(
         (tmp_path / "b" / ".download-constraints.txt").read_text() if args[0] == "download" else ""))
     manifest = bundle.build("cuda", tmp_path / "b", without=("torch", "nvidia-*", "triton"),
-                            also=("uv==0.13.9",), log=lambda m: None)
+                            also=("uv==0.13.9", "setuptools==78.1.1"), log=lambda m: None)
     fetched = asked[0].split()
     assert "vllm==0.25.1" in fetched and "uv==0.13.9" in fetched
     assert not any(r.startswith(("torch==", "nvidia-", "triton==")) for r in fetched)
     assert "torch" in manifest["left_out"] and any(n.startswith("nvidia-") for n in manifest["left_out"])
     constraints = (tmp_path / "b" / "constraints.lock").read_text()
     assert "\ntorch==" not in constraints and "vllm==0.25.1" in constraints
+    # the lock pins setuptools (vLLM for CUDA needs <81): the Makefile's pin is not added beside it
+    assert "setuptools==78.1.1" not in constraints and constraints.count("\nsetuptools==") == 1
     assert manifest["python"] == "3.12" and manifest["engine"] == "cuda"
     assert json.loads((tmp_path / "b" / "bundle.json").read_text())["lock_sha256"] == manifest["lock_sha256"]
 

@@ -244,7 +244,7 @@ KEEP = ("matrix.parquet", "decisions.parquet", "requests.parquet", "report.md", 
 
 
 def collect(ns: argparse.Namespace) -> int:
-    dest = REPO / "docs" / "results" / ns.experiment
+    dest = Path(ns.dest).resolve() if ns.dest else REPO / "docs" / "results" / ns.experiment
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(ns.tarball) as tar:
         for m in tar.getmembers():
@@ -347,6 +347,7 @@ def main() -> int:
     c = sub.add_parser("collect")
     c.add_argument("tarball")
     c.add_argument("experiment")
+    c.add_argument("--dest", help="file them here instead of docs/results/<experiment>/ (a second run beside the first)")
     c.set_defaults(func=collect)
     r = sub.add_parser("rederive")
     r.add_argument("tarball")

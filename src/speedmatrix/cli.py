@@ -159,7 +159,16 @@ def cmd_regress(ns: argparse.Namespace) -> int:
     base, base_cells, base_reqs = _run_side(ns.store, ns.base)
     new, new_cells, new_reqs = _run_side(ns.store, ns.new)
     min_effect = None if ns.min_effect is None else ns.min_effect / 100
-    table = regress.regress(base_cells, base_reqs, new_cells, new_reqs, min_effect, ns.noise_multiple)
+    siblings: tuple[list, list] = ([], [])
+    if not ns.alone and Path(ns.store).exists():  # other stored runs of each side's runtime: run-to-run noise
+        from .history import store
+
+        stored = store.runs(ns.store)
+        for side, row in zip(siblings, (base, new)):
+            same = stored[(stored["runtime_ref"] == row.get("runtime_ref"))
+                          & ~stored["run_id"].isin([base["run_id"], new["run_id"]])]
+            side += [(store.cells(ns.store, rid), store.requests(ns.store, rid)) for rid in same["run_id"]]
+    table = regress.regress(base_cells, base_reqs, new_cells, new_reqs, min_effect, ns.noise_multiple, siblings)
     if ns.out:
         print(f"wrote {regression.write(ns.out, table, base, new)} (and regress.html, regress.csv)", file=sys.stderr)
     from .core.table import markdown
@@ -170,6 +179,22 @@ def cmd_regress(ns: argparse.Namespace) -> int:
         print("speedmatrix regress: a cell is significantly slower beyond its minimum effect (exit 1)",
               file=sys.stderr)
     return code
+
+
+def cmd_reproduce(ns: argparse.Namespace) -> int:
+    from .core.table import markdown
+    from .history import reproduce
+    from .report import compare, regression
+
+    found = reproduce.compare(compare.load_matrix(ns.run), reproduce.load(ns.published), ns.server)
+    page = markdown(regression.reproduction_blocks(found))
+    if ns.out:
+        ns.out.mkdir(parents=True, exist_ok=True)
+        (ns.out / "reproduce.md").write_text(page)
+        found["cells"].to_csv(ns.out / "reproduce-cells.csv", index=False)
+        print(f"wrote {ns.out / 'reproduce.md'} and reproduce-cells.csv", file=sys.stderr)
+    print(page)
+    return 0
 
 
 def cmd_rederive(ns: argparse.Namespace) -> int:
@@ -457,8 +482,21 @@ def _add_history(sub) -> None:
                     help="the smallest change in percent that counts (default: from each cell's own noise)")
     rg.add_argument("--noise-multiple", type=float, default=2.0,
                     help="without --min-effect: this many times the cell's noise (default 2)")
+    rg.add_argument("--alone", action="store_true",
+                    help="judge from the two runs alone: no run-to-run noise from the store's other runs of each "
+                    "side's runtime")
     rg.add_argument("--out", type=Path, help="also write regress.md, regress.html and regress.csv here")
     rg.set_defaults(func=cmd_regress)
+
+    rp = sub.add_parser(
+        "reproduce", help="a run against a published matrix: status agreement, figures as ratios, the boundary",
+        description=_doc("history.reproduce"), formatter_class=argparse.RawDescriptionHelpFormatter)
+    rp.add_argument("run", metavar="RUN", help="a results folder (results/<experiment>) or its matrix.parquet")
+    rp.add_argument("published", metavar="PUBLISHED", type=Path,
+                    help="a published matrix, e.g. config/published/seed002-speed-matrix.yaml")
+    rp.add_argument("--server", help="the run's server config to compare (when it has several)")
+    rp.add_argument("--out", type=Path, help="also write reproduce.md and reproduce-cells.csv here")
+    rp.set_defaults(func=cmd_reproduce)
 
 
 def _add_run_commands(sub) -> None:

@@ -18,4 +18,6 @@ with logs.to_file(snakemake.log[0]):
         requests_path=snakemake.input.requests,
         captions_dir=snakemake.params.captions,
         lossless_paths=snakemake.input.lossless,
+        published_path=(snakemake.input.published or [None])[0],
+        history_path=snakemake.params.history,
     )

@@ -14,6 +14,7 @@ status with no figure (looped, over capacity, client-bound, lossy, failed) or wh
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,12 @@ def counted(reqs: pd.DataFrame) -> pd.DataFrame:
     return reqs[keep]
 
 
+def _streamed(reqs: pd.DataFrame) -> bool:
+    """Whether a cell's tokens came as the server made them (not held back and sent in bursts, as vLLM for the CPU
+    can): the matrix's ``delivery`` for the cell, carried on its requests by ``regress``."""
+    return bool(reqs.attrs.get("streamed", True))
+
+
 def _seed(*parts: str) -> int:
     return int(hashlib.sha256("/".join(parts).encode()).hexdigest()[:8], 16)
 
@@ -84,9 +91,14 @@ def _repeat_cv(fig: Figure, values: np.ndarray, strata: np.ndarray) -> float:
 
 
 def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, min_effect: float | None,
-                 noise_multiple: float) -> dict[str, Any]:
-    """One figure of one cell: the change, its interval, the minimum effect used and the verdict."""
+                 noise_multiple: float, siblings: tuple[list[pd.DataFrame], list[pd.DataFrame]] = ([], []),
+                 ) -> dict[str, Any]:
+    """One figure of one cell: the change, its interval, the minimum effect used and the verdict. ``siblings``: the
+    cell's requests in other runs of BASE's runtime and of NEW's (the run-to-run spread of each side)."""
     out: dict[str, Any] = {"figure": fig.name}
+    if not fig.higher_is_better and not (_streamed(base) and _streamed(new)):
+        return {**out, "verdict": NOT_COMPARABLE,
+                "reason": "tokens came in bursts: a request's token times are not the server's"}
     vb, vn = fig.values(base), fig.values(new)
     ob, on = np.isfinite(vb), np.isfinite(vn)
     if ob.sum() < MIN_REQUESTS or on.sum() < MIN_REQUESTS:
@@ -101,6 +113,15 @@ def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, m
     noise = max(_repeat_cv(fig, vb, sb), _repeat_cv(fig, vn, sn),
                 *(float(np.nanpercentile(b, 97.5) - np.nanpercentile(b, 2.5)) / 2 / p
                   for b, p in ((boot_b, point_b), (boot_n, point_n))))
+    # between runs: the spread of the figure over this side's run and the other runs of its runtime
+    run_noise, runs_seen = 0.0, 0
+    for point, others in ((point_b, siblings[0]), (point_n, siblings[1])):
+        points = [point] + [float(fig.statistic(v[np.isfinite(v)])) for v in (fig.values(o) for o in others)
+                            if np.isfinite(v).sum() >= MIN_REQUESTS]
+        runs_seen += len(points) - 1
+        if len(points) >= 2:
+            run_noise = max(run_noise, float(np.std(points, ddof=1) / np.mean(points)))
+    noise = max(noise, run_noise)
     threshold = min_effect if min_effect is not None else noise_multiple * noise
     better = change > 0 if fig.higher_is_better else change < 0
     if (low > 0 or high < 0) and abs(change) >= threshold:
@@ -110,25 +131,42 @@ def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, m
         reason = ("the interval holds no change" if low <= 0 <= high
                   else f"smaller than the minimum effect ({threshold:.1%})")
     return {**out, "base": point_b, "new": point_n, "change": change, "ci_low": low, "ci_high": high,
-            "noise": noise, "min_effect": threshold, "verdict": verdict, "reason": reason,
+            "noise": noise, "run_noise": run_noise if runs_seen else None, "other_runs": runs_seen,
+            "min_effect": threshold, "verdict": verdict, "reason": reason,
             "base_requests": int(ob.sum()), "new_requests": int(on.sum())}
 
 
+def differing(b: pd.Series, n: pd.Series) -> list[str]:
+    """What two runs' cell measured differently: the cell's or the client's settings that both recorded and that
+    differ (a setting one run did not record, because it predates it, is not a difference)."""
+    out = []
+    for col, what in (("cell_spec", "cell"), ("client_settings", "client")):
+        a, c = (json.loads(x) if isinstance(x, str) and x else {} for x in (b.get(col), n.get(col)))
+        out += [f"{what} {k}: {a[k]!r} → {c[k]!r}" for k in sorted(set(a) & set(c)) if a[k] != c[k]]
+    return out
+
+
 def _why_not(b: pd.Series, n: pd.Series) -> str | None:
+    if b["config_sha256"] != n["config_sha256"]:
+        return "the server config differs (flags, environment or models)"
     if b["basis_sha256"] != n["basis_sha256"]:
-        return ("the server config differs (flags, environment or models)" if b["config_sha256"] != n["config_sha256"]
-                else "measured differently (the cell's prompts, window, sampling or the client's settings)")
+        changed = differing(b, n)
+        if changed:
+            return "measured differently (" + "; ".join(changed) + ")"
     for side, row in (("base", b), ("new", n)):
         if row["status"] not in COMPARABLE_STATUSES:
             return f"{row['status'].replace('_', ' ')} in {side}"
-    if workloads.get(b["workload"]).searches:
-        return "a search: the loads it measured are its own result in each run"
+    if workloads.get(b["workload"]).loads_follow_run:
+        return "a search or sweep: the loads it measured follow from what it found in each run"
     return None
 
 
 def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.DataFrame, new_reqs: pd.DataFrame,
-            min_effect: float | None = None, noise_multiple: float = 2.0) -> pd.DataFrame:
-    """One row per cell and figure (cells on one side only: one row, not comparable), changed cells first."""
+            min_effect: float | None = None, noise_multiple: float = 2.0,
+            siblings: tuple[list[tuple[pd.DataFrame, pd.DataFrame]], list[tuple[pd.DataFrame, pd.DataFrame]]]
+            = ([], [])) -> pd.DataFrame:
+    """One row per cell and figure (cells on one side only: one row, not comparable), changed cells first.
+    ``siblings``: other runs (cells, requests) of BASE's runtime and of NEW's, for each cell's run-to-run noise."""
     rows = []
     on = ["server_id", "cell_id"]
     both = base_cells.merge(new_cells, on=on, how="outer", suffixes=("_b", "_n"), indicator=True)
@@ -149,12 +187,25 @@ def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.Dat
             continue
         key = (r["server_id"], r["cell_id"])
         rb, rn = counted(by_b.get(key, base_reqs.iloc[:0])), counted(by_n.get(key, new_reqs.iloc[:0]))
+        rb.attrs["streamed"] = b.get("delivery") in (None, "streamed") or pd.isna(b.get("delivery"))
+        rn.attrs["streamed"] = n.get("delivery") in (None, "streamed") or pd.isna(n.get("delivery"))
+        others = tuple([_same_cell(sc, sr, b, key) for sc, sr in side] for side in siblings)
+        others = tuple([o for o in side if o is not None] for side in others)
         for fig in FIGURES:
-            rows.append({**ident, **judge_figure(fig, rb, rn, "/".join(key), min_effect, noise_multiple)})
+            rows.append({**ident, **judge_figure(fig, rb, rn, "/".join(key), min_effect, noise_multiple, others)})
     out = pd.DataFrame(rows)
     order = {SLOWER: 0, FASTER: 1, SAME: 2, NOT_COMPARABLE: 3}
     out["_o"] = out["verdict"].map(order)
     return out.sort_values(["_o", "server_id", "cell_id"], kind="stable").drop(columns="_o").reset_index(drop=True)
+
+
+def _same_cell(cells: pd.DataFrame, reqs: pd.DataFrame, like: pd.Series, key: tuple) -> pd.DataFrame | None:
+    """Another run's requests of the cell, where it measured the same thing with a figure."""
+    hit = cells[(cells["server_id"] == key[0]) & (cells["cell_id"] == key[1])]
+    if hit.empty or hit.iloc[0]["config_sha256"] != like["config_sha256"] or differing(like, hit.iloc[0]) \
+            or hit.iloc[0]["status"] not in COMPARABLE_STATUSES:
+        return None
+    return counted(reqs[(reqs["server_id"] == key[0]) & (reqs["cell_id"] == key[1])])
 
 
 def cell_verdicts(table: pd.DataFrame) -> pd.DataFrame:

@@ -92,7 +92,10 @@ def cell_identity(cell: dict[str, Any]) -> dict[str, str]:
     spec = dict(cell.get("cell") or {})
     return {"config_sha256": config_sha,
             "basis_sha256": _sha({"config": config_sha, "cell": spec, "client": cell.get("client")}),
-            "measurement_key": cell.get("measurement_key")}
+            "measurement_key": cell.get("measurement_key"),
+            # the parts themselves: a setting an older run did not record yet is told apart from one that differs
+            "cell_spec": json.dumps(spec, sort_keys=True, default=str),
+            "client_settings": json.dumps(cell.get("client") or {}, sort_keys=True, default=str)}
 
 
 def _cell_files(run: Path) -> list[Path]:
@@ -170,7 +173,8 @@ def manifest(run: str | Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFram
         "jobs": summary.get("jobs"), "failed_jobs": summary.get("failed"), "source": str(run.resolve()),
     }
     ids = pd.DataFrame([{"server_id": sid, "cell_id": cid, **cell_identity(doc)} for (sid, cid), doc in cells.items()],
-                       columns=["server_id", "cell_id", "config_sha256", "basis_sha256", "measurement_key"])
+                       columns=["server_id", "cell_id", "config_sha256", "basis_sha256", "measurement_key",
+                                "cell_spec", "client_settings"])
     cell_rows = matrix.merge(ids, on=["server_id", "cell_id"], how="left") if len(matrix) else matrix
     cell_rows.insert(0, "run_id", run_id)
     reqs = pd.read_parquet(run / "requests.parquet") if (run / "requests.parquet").exists() else _requests_of(run)

@@ -505,6 +505,11 @@ def _read(path: Path, experiments_dir: str | Path, seen: tuple[str, ...]) -> dic
     return _merge(_read(base, experiments_dir, (*seen, path.stem)), raw)
 
 
+def published_path(name: str, experiments_dir: str | Path = "config/experiments") -> Path:
+    """Where a published matrix an experiment names is: config/published/<name>.yaml beside its folder."""
+    return Path(experiments_dir).parent / "published" / f"{name}.yaml"
+
+
 def sources(name: str, experiments_dir: str | Path = "config/experiments") -> list[Path]:
     """The files an experiment is read from: its own, then each one it extends."""
     out, path = [], Path(experiments_dir) / f"{name}.yaml"
@@ -527,6 +532,9 @@ def load(name: str, experiments_dir: str | Path = "config/experiments") -> Exper
         )
     raw = _read(path, experiments_dir, ())
     validate(raw, "experiment", str(path))
+    if raw.get("published") and not published_path(raw["published"], experiments_dir).exists():
+        raise ConfigError(f"{path}: key 'published': no file {published_path(raw['published'], experiments_dir)} "
+                          "(a published matrix: config/published/<name>.yaml)")
     settings.apply_defaults(raw, settings.schema("experiment"), settings.schema("experiment"))
     _check_references(raw, str(path))
     exp = Experiment(name=name, path=path, raw=raw, client=ClientSettings.from_config(raw["client"]))

@@ -123,6 +123,10 @@ def build(target_name: str, out: Path, *, without: tuple[str, ...] = (), also: t
     same = {_name(r) for r in pinned(lock) if host.get(_name(r)) == _version(r)}
     left_out = sorted({_name(r) for r in pinned(lock) if any(fnmatch.fnmatch(_name(r), p) for p in patterns)} | same)
     kept = [r for r in pinned(lock) if _name(r) not in left_out]
+    # the installer and the build backend go beside the lock, unless the lock pins them itself (vLLM for CUDA pins
+    # its setuptools): two pins of one package are a conflict no installer resolves
+    locked = {_name(r) for r in pinned(lock)}
+    also = tuple(a for a in also if _name(a) not in locked)
     wheels = out / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     (out / "constraints.lock").write_text(f"# {target.lock} for the {target_name} bundle"

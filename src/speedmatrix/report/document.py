@@ -10,9 +10,10 @@ import pandas as pd
 from .. import workloads
 from ..core import atomic, fmt
 from ..core.table import Block, Bullets, Figure, Heading, Image, Para, html_page, markdown
+from ..history import reproduce
 from ..judge import decide
 from ..plan import experiment
-from . import charts, sections
+from . import charts, regression, sections
 
 
 def _section(title: str, intro: str, body: Any, level: int = 2) -> list[Block]:
@@ -247,7 +248,8 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
           out: dict[str, str], gate_paths: list[str] = (), models_lock_path: str | None = None,
           reference_paths: list[str] = (), loop_settings: dict[str, Any] | None = None,
           decisions_path: str | None = None, requests_path: str | None = None,
-          captions_dir: str | None = None, lossless_paths: list[str] = ()) -> None:
+          captions_dir: str | None = None, lossless_paths: list[str] = (), published_path: str | None = None,
+          history_path: str | None = None) -> None:
     """The report rule: the charts (HTML + PNG), report.md and report.html.
 
     ``loop_settings`` replaces the experiment's ``loops:`` in the text (a re-derivation under
@@ -268,5 +270,9 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
                  exp.loops if loop_settings is None else loop_settings, sweeps, gates, models_lock, references,
                  decisions, exp.targets, requests, [atomic.read_json(p) for p in lossless_paths],
                  exp.runtime["device"], exp.lossless["enabled"])
+    if published_path:  # the seed's table beside the run's
+        doc += regression.reproduction_blocks(reproduce.compare(matrix, reproduce.load(published_path)), level=2)
+    if history_path and Path(history_path).exists():  # this run's cells in the stored runs before it
+        doc += regression.earlier_runs_blocks(history_path, exp.name, Path(matrix_path).parent, matrix, out)
     write(out["md"], out["html"], doc, exp.name)
     print(f"report: {out['md']}")

@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import altair as alt
 import pandas as pd
 
 from ..core import atomic, fmt
-from ..core.table import Block, Bullets, Heading, Para, Table, markdown
+from ..core.table import Block, Bullets, Figure, Heading, Para, Table, html_page, markdown
 from ..history import regress as rg
 from ..history import store
-from . import document
+from . import charts
 
 SHOW = {"request_tok_s": fmt.num, "ttft_ms": fmt.ms, "tpot_ms": fmt.ms}
 LABEL = {f.name: f.label for f in rg.FIGURES}
@@ -71,7 +72,7 @@ def write(out: str | Path, table: pd.DataFrame, base: dict[str, Any], new: dict[
     out.mkdir(parents=True, exist_ok=True)
     doc = blocks(table, base, new)
     atomic.write_bytes(out / "regress.md", markdown(doc).encode())
-    atomic.write_bytes(out / "regress.html", document.page(doc, f"Against run {base['run_id']}").encode())
+    atomic.write_bytes(out / "regress.html", html_page(doc, f"Against run {base['run_id']}").encode())
     table.to_csv(out / "regress.csv", index=False)
     return out / "regress.md"
 
@@ -112,3 +113,104 @@ def history_text(store_path: Path, experiment: str | None, cell: str | None) -> 
     found = store.runs(store_path, experiment)
     return markdown([Heading(1, f"Runs in {store_path}"), runs_table(found)]) if len(found) else \
         f"{store_path}: no run stored" + (f" of {experiment}" if experiment else "")
+
+
+def _st(s: Any) -> str:
+    return "—" if fmt.missing(s) else fmt.status(s)
+
+
+def reproduction_blocks(found: dict[str, Any], level: int = 1) -> list[Block]:
+    """The reproduction verdict: the answer first (status agreement, boundary), then the tables."""
+    s = found["summary"]
+    cells, rows, prefill = found["cells"], found["rows"], found["prefill"]
+    pct = s["agree"] / s["measured"] if s["measured"] else None
+    out: list[Block] = [
+        Heading(level, "Against the published matrix"),
+        Para(f"**Status agreement: {s['agree']} of {s['measured']} sustained-decode cells ({fmt.pct(pct)}); the "
+             f"over-capacity boundary falls at the same concurrency in {s['same_boundary']} of {s['rows']} context "
+             f"rows.** Published: `{s['published']}` ({s['source']})."),
+        Para("Rows are matched in context order (the run's i-th context with the published i-th), concurrency by "
+             "value. KV multiple: the context x concurrency a cell needs over the run's KV cache, so a run with "
+             "smaller contexts or another GPU is compared on its shape; the published KV cache was not given.")]
+    bt = Table(["Published context", "Run context", "Published: first over capacity", "Run: first over capacity",
+                "Run: KV multiple there", "Run: largest KV multiple that fit", "Same"])
+    for r in rows.itertuples():
+        bt.add(fmt.ctx(r.published_context), "—" if fmt.missing(r.run_context) else fmt.ctx(int(r.run_context)),
+               "none" if fmt.missing(r.published_first_over) else f"c{int(r.published_first_over)}",
+               "none" if fmt.missing(r.run_first_over) else f"c{int(r.run_first_over)}",
+               fmt.whole(r.run_kv_multiple_first_over, "{:.2f}×"), fmt.whole(r.run_kv_multiple_largest_fit,
+                                                                                 "{:.2f}×"),
+               "yes" if r.same_boundary else "no")
+    out += [Heading(level + 1, "Over-capacity boundary, row by row"), bt]
+    ct = Table(["Published context", "Concurrency", "Published", "Run", "Agree", "Run tok/s", "Published tok/s",
+                "Run / published"])
+    for r in cells.itertuples():
+        ct.add(fmt.ctx(r.context), int(r.concurrency), _st(r.status_published), _st(r.status_run),
+               "yes" if r.agree else "no", fmt.num(getattr(r, "total_tok_s", None)),
+               fmt.num(getattr(r, "total_tok_s_published", None)),
+               fmt.whole(getattr(r, "total_tok_s_ratio", None), "{:.3f}×"))
+    out += [Heading(level + 1, "Sustained decode, cell by cell"), ct]
+    if len(prefill):
+        pt = Table(["Published context", "Run context", "Run prompt tok/s", "Published", "Run / published",
+                    "Run TTFT", "Published TTFT"])
+        for r in prefill.itertuples():
+            pt.add(fmt.ctx(int(r.context)), "—" if fmt.missing(r.context_tokens) else fmt.ctx(int(r.context_tokens)),
+                   fmt.num(r.prompt_tok_s), fmt.num(r.prompt_tok_s_published),
+                   fmt.whole(r.prompt_tok_s_ratio, "{:.3f}×"), fmt.ms(r.ttft_ms), fmt.ms(r.ttft_ms_published))
+        out += [Heading(level + 1, "Prefill, row by row"), pt]
+    return out
+
+
+EARLIER = 4  # earlier runs a report shows beside its own
+
+
+def earlier_runs_blocks(history_path: str | Path, experiment: str, results_dir: Path, matrix: pd.DataFrame,
+                        out: dict[str, str]) -> list[Block]:
+    """This run's cells in the stored runs of its experiment before it (the latest EARLIER): output tok/s of each
+    cell in each, a table and a chart of each as a ratio to this run."""
+    try:
+        this = store.manifest(results_dir)[0]["run_id"]
+    except Exception:  # noqa: BLE001 - a folder the store cannot read: no section, the report still comes
+        return []
+    runs = store.runs(history_path, experiment)
+    runs = runs[runs["run_id"] != this].tail(EARLIER)
+    if runs.empty:
+        return []
+    now = matrix.set_index(["server_id", "cell_id"])
+    cols = {r.run_id: store.cells(history_path, r.run_id).set_index(["server_id", "cell_id"])
+            for r in runs.itertuples()}
+    t = Table(["Server config", "Cell", "This run", *(f"{rid} ({str(r.started_at)[:10]}, vLLM {r.vllm_version})"
+                                                        for rid, r in zip(runs["run_id"], runs.itertuples()))])
+    points = []
+    shown = lambda row: (fmt.num(row["total_tok_s"]) if row["status"] in rg.COMPARABLE_STATUSES  # noqa: E731
+                         else fmt.status(row["status"]))
+    for key, row in now.iterrows():
+        vals = []
+        for rid, cells in cols.items():
+            if key in cells.index:
+                old = cells.loc[key]
+                vals.append(shown(old))
+                if (old["status"] in rg.COMPARABLE_STATUSES and row["status"] in rg.COMPARABLE_STATUSES
+                        and row["total_tok_s"]):
+                    points.append({"cell": f"{key[0]} {key[1]}", "run": rid,
+                                   "ratio": float(old["total_tok_s"]) / float(row["total_tok_s"])})
+            else:
+                vals.append("—")
+        t.add(key[0], key[1], shown(row), *vals)
+    blocks_: list[Block] = [Heading(2, "This run's cells in earlier runs"),
+                            Para(f"Output tok/s of each cell in the latest {len(runs)} earlier stored runs of "
+                                 f"`{experiment}` (`speedmatrix history`; `speedmatrix regress RUN {this}` judges "
+                                 "a change with its statistics)."), t]
+    if points:
+        data = pd.DataFrame(points)
+        chart = alt.Chart(data).mark_point(filled=True).encode(
+            x=alt.X("ratio:Q", title="earlier run's output tok/s over this run's", scale=alt.Scale(zero=False)),
+            y=alt.Y("cell:N", title=None), color=alt.Color("run:N", title="earlier run"),
+            tooltip=["cell", "run", alt.Tooltip("ratio:Q", format=".3f")]).properties(
+            width=420, title="Each cell in earlier runs, against this run")
+        png = Path(out["md"]).parent / "charts" / "earlier_runs.png"
+        charts.save_png(chart, png)
+        blocks_.append(Figure("Each cell in earlier runs, against this run", chart.to_dict(),
+                              str(png.relative_to(Path(out["md"]).parent)),
+                              "1.0: the same output tok/s as this run; each point a cell in one earlier run."))
+    return blocks_

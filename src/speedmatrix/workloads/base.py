@@ -196,6 +196,9 @@ class Workload:
     slo: ClassVar[bool] = True
     # it searches for a load (slo_search): its concurrency is the search's upper bound, not a load it held
     searches: ClassVar[bool] = False
+    # the loads it measures follow from what it found in this run (a search, a sweep between measured ends): two
+    # runs' requests are not the same load, so no regression verdict compares them request by request
+    loads_follow_run: ClassVar[bool] = False
     # its cells are held at a concurrency, named in their ids (open-loop cells are not: their load is a rate)
     concurrency_in_id: ClassVar[bool] = True
     # it sends requests on a schedule (open loop): its requests have a scheduled send time and a lag

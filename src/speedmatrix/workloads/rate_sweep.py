@@ -63,6 +63,7 @@ def step_row(step: int, profile: str, records: list[client.RequestRecord], windo
 @register
 class RateSweep(Workload):
     name = "rate_sweep"
+    loads_follow_run = True  # its rates lie between the ends it measured in this run
     order = 6
     by_hand = False
     title = "Rate sweep"

@@ -111,6 +111,8 @@ class TargetSearch(Workload):
     """A kind that searches for the load at which its own latency target holds: judged on its own target only,
     on the requests of the step at its answer (``slo_search_phase``, ``slo_search_window_s``)."""
 
+    loads_follow_run = True
+
     def slo_targets(self, cell: dict[str, Any], targets: list) -> list:
         mine = (cell.get("options") or {}).get("slo")
         return [t for t in targets if t.name == mine]

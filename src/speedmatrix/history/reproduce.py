@@ -1,0 +1,129 @@
+"""A run against a published matrix: does it reproduce the seed's table?
+
+A published matrix is a tracked file (``config/published/*.yaml``: the seed's tables as printed, with their
+source). ``speedmatrix reproduce RUN PUBLISHED`` compares, cell by cell: each sustained-decode cell's status
+(Valid / Looped / Over capacity) in the run and in the published table, the valid cells' figures as the run's over
+the published (with the run's 95 % interval where it had repeats), the prefill rows likewise, and the over-capacity
+boundary of each context row: where it falls in each, and in the run as multiples of its KV cache (the context x
+concurrency a cell needs over the cache the server had), so that a run on other hardware or a ``-tiny`` twin, whose
+contexts are smaller, is compared on its shape. Rows and columns are matched in order: the run's i-th context
+with the published i-th, concurrency by value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from ..core.errors import ConfigError
+
+STATUSES = ("valid", "looped", "over_capacity")
+# a run's status as the published tables write it (unstable: a figure, with a wide spread)
+AS_PUBLISHED = {"valid": "valid", "unstable": "valid", "looped": "looped", "over_capacity": "over_capacity"}
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """A published matrix, checked: an error names the file and the key."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such published matrix (config/published/ holds the seeds')")
+    doc = yaml.safe_load(path.read_text()) or {}
+    for key in ("source", "decode"):
+        if key not in doc:
+            raise ConfigError(f"{path}: key {key!r} is missing (where the table comes from, and its decode matrix)")
+    dec = doc["decode"]
+    conc = dec.get("concurrency") or []
+    for ctx, row in (dec.get("status") or {}).items():
+        if len(row) != len(conc):
+            raise ConfigError(f"{path}: key 'decode.status.{ctx}': {len(row)} statuses for {len(conc)} concurrencies")
+        bad = [s for s in row if s not in STATUSES]
+        if bad:
+            raise ConfigError(f"{path}: key 'decode.status.{ctx}': {bad[0]!r} is not one of {', '.join(STATUSES)}")
+    doc["path"] = str(path)
+    return doc
+
+
+def _table(block: dict[str, Any] | None) -> pd.DataFrame:
+    return pd.DataFrame((block or {}).get("rows") or [], columns=(block or {}).get("columns") or [])
+
+
+def decode_cells(published: dict[str, Any]) -> pd.DataFrame:
+    dec = published["decode"]
+    rows = [{"context": int(ctx), "concurrency": c, "status": s}
+            for ctx, statuses in dec["status"].items() for c, s in zip(dec["concurrency"], statuses)]
+    cells = pd.DataFrame(rows)
+    figs = _table(dec.get("figures"))
+    return cells.merge(figs, on=["context", "concurrency"], how="left") if len(figs) else cells
+
+
+def _ranked(values) -> dict[int, int]:
+    return {v: i for i, v in enumerate(sorted(set(int(x) for x in values)))}
+
+
+def compare(matrix: pd.DataFrame, published: dict[str, Any], server_id: str | None = None) -> dict[str, Any]:
+    """The comparison's tables: ``cells`` (every published decode cell beside the run's), ``rows`` (each context
+    row's over-capacity boundary), ``prefill`` and a ``summary`` of counts."""
+    if server_id:
+        matrix = matrix[matrix["server_id"] == server_id]
+    elif matrix["server_id"].nunique() > 1:
+        raise ConfigError(f"the run has several server configs ({', '.join(sorted(matrix['server_id'].unique()))}):"
+                          " name one with --server")
+    run = matrix[matrix["workload"] == "decode"].drop_duplicates(["context_tokens", "concurrency"])
+    pub = decode_cells(published)
+    run_rank, pub_rank = _ranked(run["context_tokens"]), _ranked(pub["context"])
+    run = run.assign(rank=run["context_tokens"].map(run_rank))
+    pub = pub.assign(rank=pub["context"].map(pub_rank))
+    both = pub.merge(run, on=["rank", "concurrency"], how="left", suffixes=("_published", ""))
+    both["status_run"] = both["status"].map(AS_PUBLISHED).fillna(both["status"])
+    both["agree"] = both["status_run"] == both["status_published"]
+    kv = both["kv_cache_size_tokens"].astype(float)
+    both["kv_multiple"] = (both["needed_kv_tokens"].astype(float) / kv).where(kv > 0)
+    both["published_tokens"] = both["context"] * both["concurrency"]
+    for col in ("total_tok_s", "ttft_ms", "itl_ms"):
+        pcol = f"{col}_published" if f"{col}_published" in both else col
+        if pcol in both and col in both and pcol != col:
+            both[f"{col}_ratio"] = both[col] / both[pcol]
+    cells = both.rename(columns={"status": "status_as_measured"})
+    rows = []
+    for _, g in cells.groupby("rank"):
+        g = g.sort_values("concurrency")
+        at_run = _first_over(g, "status_run")
+        kv_at = g.loc[g["concurrency"] == at_run, "kv_multiple"]
+        fit = g.loc[g["status_run"] != "over_capacity", "kv_multiple"]
+        rows.append({"published_context": int(g["context"].iloc[0]),
+                     "run_context": int(g["context_tokens"].dropna().iloc[0]) if g["context_tokens"].notna().any()
+                     else None,
+                     "published_first_over": _first_over(g, "status_published"), "run_first_over": at_run,
+                     "run_kv_multiple_first_over": float(kv_at.iloc[0]) if len(kv_at) else None,
+                     "run_kv_multiple_largest_fit": float(fit.max()) if fit.notna().any() else None})
+    rows = pd.DataFrame(rows)
+    rows["same_boundary"] = rows["published_first_over"].fillna(0) == rows["run_first_over"].fillna(0)
+    prefill = _prefill(matrix, published)
+    measured = cells["status_as_measured"].notna()
+    summary = {"cells": int(len(cells)), "measured": int(measured.sum()),
+               "agree": int(cells.loc[measured, "agree"].sum()), "rows": int(len(rows)),
+               "same_boundary": int(rows["same_boundary"].sum()), "published": published["path"],
+               "source": " ".join(str(published["source"]).split())}
+    return {"cells": cells, "rows": rows, "prefill": prefill, "summary": summary}
+
+
+def _first_over(row: pd.DataFrame, column: str) -> int | None:
+    """A context row's smallest concurrency over capacity (None: none is)."""
+    return next((int(c) for c, s in zip(row["concurrency"], row[column]) if s == "over_capacity"), None)
+
+
+def _prefill(matrix: pd.DataFrame, published: dict[str, Any]) -> pd.DataFrame:
+    pub = _table(published.get("prefill"))
+    run = matrix[matrix["workload"] == "prefill"].drop_duplicates("context_tokens")
+    if pub.empty or run.empty:
+        return pd.DataFrame()
+    pub = pub.assign(rank=pub["context"].map(_ranked(pub["context"])))
+    run = run.assign(rank=run["context_tokens"].map(_ranked(run["context_tokens"])))
+    both = pub.merge(run[["rank", "context_tokens", "status", "prompt_tok_s", "ttft_ms"]], on="rank", how="left",
+                     suffixes=("_published", ""))
+    both["prompt_tok_s_ratio"] = both["prompt_tok_s"] / both["prompt_tok_s_published"]
+    both["ttft_ms_ratio"] = both["ttft_ms"] / both["ttft_ms_published"]
+    return both
