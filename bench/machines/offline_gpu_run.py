@@ -347,7 +347,7 @@ def main() -> int:
     c = sub.add_parser("collect")
     c.add_argument("tarball")
     c.add_argument("experiment")
-    c.add_argument("--dest", help="file them here instead of docs/results/<experiment>/ (a second run beside the first)")
+    c.add_argument("--dest", help="file them here, not in docs/results/<experiment>/ (a second run beside the first)")
     c.set_defaults(func=collect)
     r = sub.add_parser("rederive")
     r.add_argument("tarball")
