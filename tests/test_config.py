@@ -195,3 +195,24 @@ def test_the_gates_are_one_table():
 
     assert set(schema("experiment")["properties"]["gates"]["properties"]) == set(gates.GATES)
     assert all(g.label and callable(g.check) for g in gates.GATES.values())
+
+
+def test_an_experiment_extends_another_key_by_key(exp_dir):
+    """`extends: NAME`: the other experiment's keys with this file's over them (mappings merged key by key); the
+    digest covers both files; a missing parent or a cycle names the file and the key."""
+    (exp_dir / "other-vllm.yaml").write_text(
+        "extends: tiny-cpu\nruntime:\n  command: [/opt/other/bin/python, -m, vllm.entrypoints.openai.api_server, "
+        "--model]\n")
+    base, other = experiment.load("tiny-cpu", exp_dir), experiment.load("other-vllm", exp_dir)
+    assert other.runtime["command"][0] == "/opt/other/bin/python" and other.runtime["device"] == "cpu"
+    assert [c.id for c in other.cells()] == [c.id for c in base.cells()]
+    before = other.digest()
+    (exp_dir / "tiny-cpu.yaml").write_text((exp_dir / "tiny-cpu.yaml").read_text() + "\n# changed\n")
+    assert experiment.load("other-vllm", exp_dir).digest() != before  # the parent is part of what it is
+    (exp_dir / "orphan.yaml").write_text("extends: nowhere\n")
+    with pytest.raises(experiment.ConfigError, match=r"orphan.yaml: key 'extends'.*nowhere"):
+        experiment.load("orphan", exp_dir)
+    (exp_dir / "a.yaml").write_text("extends: b\n")
+    (exp_dir / "b.yaml").write_text("extends: a\n")
+    with pytest.raises(experiment.ConfigError, match="comes back to itself"):
+        experiment.load("a", exp_dir)

@@ -401,6 +401,13 @@ def test_second_run_has_nothing_to_do(full_run):
     assert again.returncode == 0
     assert "Nothing to be done" in again.stdout + again.stderr
     assert starts(work / "results" / FULL) == {"base": 1, "mtp2": 1, "ngram2": 1}
+    # the run added itself to the results store when it ended; the second, with nothing to do, added nothing
+    from speedmatrix.history import store
+
+    runs = store.runs(work / "results" / "history.sqlite")
+    assert len(runs) == 1 and runs["status"].iloc[0] == "complete" and runs["vllm_version"].iloc[0] == "0.32.0"
+    matrix = pd.read_parquet(work / "results" / FULL / "matrix.parquet")
+    assert runs["cells"].iloc[0] == len(matrix) and runs["cpu_model"].iloc[0]
 
 
 def test_a_failed_loop_aggregate_or_report_job_is_counted_with_its_cause(full_run):

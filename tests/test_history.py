@@ -7,10 +7,12 @@ import sqlite3
 
 import pandas as pd
 import pytest
+import yaml
 
 from conftest import REPO
 from speedmatrix.cli import main
-from speedmatrix.core.errors import StoreError
+from speedmatrix.core.errors import ConfigError, StoreError
+from speedmatrix.core.table import markdown
 from speedmatrix.history import regress, store
 
 RECORDED = REPO / "docs" / "results" / "h200-tiny-trained-spec"
@@ -117,3 +119,60 @@ def test_a_slower_cell_is_found_and_the_exit_code_says_so(recorded, tmp_path, ca
     assert (out / "regress.csv").exists() and "Against run" in (out / "regress.md").read_text()
     # a minimum effect above the slowdown: no verdict of slower
     assert main(["regress", str(base), str(slow), "--min-effect", "60", "--store", str(tmp_path / "x.sqlite")]) == 0
+
+
+def test_a_run_against_a_published_matrix(tmp_path):
+    """`speedmatrix reproduce` on the recorded seed 002 twin: every published decode cell beside the twin's, status
+    agreement counted from those rows, each context row's boundary; a published file that is the run's own statuses
+    agrees everywhere; a bad file names itself and the key."""
+    from speedmatrix.history import reproduce
+    from speedmatrix.report import compare
+
+    run = REPO / "docs" / "results" / "seed002-tiny-reproduce"
+    published = reproduce.load(REPO / "config" / "published" / "seed002-speed-matrix.yaml")
+    found = reproduce.compare(compare.load_matrix(run), published)
+    cells, rows = found["cells"], found["rows"]
+    assert len(cells) == 48 and len(rows) == 6 and found["summary"]["measured"] == 48
+    assert found["summary"]["agree"] == int((cells["status_run"] == cells["status_published"]).sum())
+    over = cells[cells["status_run"] == "over_capacity"]
+    assert (over["kv_multiple"] > 1).all()  # over capacity is where a cell needs more than the KV cache
+    assert (cells.loc[cells["status_run"] != "over_capacity", "kv_multiple"] <= 1).all()
+    assert len(found["prefill"]) == 7 and found["prefill"]["prompt_tok_s_ratio"].notna().sum() == 6
+    # the run's own statuses as a published matrix: agreement everywhere, every boundary the same
+    matrix = compare.load_matrix(run)
+    dec = matrix[matrix["workload"] == "decode"]
+    own = {"source": "this run", "decode": {"concurrency": sorted(int(c) for c in dec["concurrency"].unique()),
+                                            "status": {}}}
+    for ctx, g in dec.groupby("context_tokens"):
+        own["decode"]["status"][int(ctx)] = [reproduce.AS_PUBLISHED.get(s, "valid") for s in
+                                             g.sort_values("concurrency")["status"]]
+    path = tmp_path / "own.yaml"
+    path.write_text(yaml.safe_dump(own))
+    mine = reproduce.compare(matrix, reproduce.load(path))
+    agreeing = mine["cells"]["status_run"].isin(reproduce.STATUSES)
+    assert mine["cells"].loc[agreeing, "agree"].all() and mine["rows"]["same_boundary"].all()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("source: x\ndecode:\n  concurrency: [1, 2]\n  status:\n    128: [valid, maybe]\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: key 'decode.status.128': 'maybe'"):
+        reproduce.load(bad)
+
+
+def test_a_report_shows_its_cells_in_earlier_runs(recorded, tmp_path):
+    """With the store holding an earlier run of the experiment, the report's section gives each cell's output tok/s
+    in it beside this run's, and a chart of the ratios; this run itself is not counted as earlier."""
+    from speedmatrix.report import regression
+
+    base, slow, _ = recorded
+    db = tmp_path / "history.sqlite"
+    store.add(base, db)
+    store.add(slow, db)
+    out = {"md": str(tmp_path / "report" / "report.md")}
+    blocks = regression.earlier_runs_blocks(db, "h200-tiny-trained-spec", slow, pd.read_parquet(slow /
+                                            "matrix.parquet"), out)
+    text = markdown(blocks)
+    earlier = store.runs(db)["run_id"].iloc[0]
+    assert "This run's cells in earlier runs" in text and earlier in text
+    assert store.runs(db)["run_id"].iloc[1] not in text.split("|", 1)[1].split("\n")[0]  # not a column of its own
+    assert (tmp_path / "report" / "charts" / "earlier_runs.png").stat().st_size > 0
+    assert regression.earlier_runs_blocks(db, "another-experiment", slow, pd.read_parquet(slow / "matrix.parquet"),
+                                          out) == []

@@ -203,3 +203,18 @@ def test_bearer_token_challenge_is_followed(tmp_path):
     assert got == digest and ref.pinned(got) == f"vllm/vllm-openai@{digest}"
     assert "service=registry.test" in seen["token_query"] and "scope=repository" in seen["token_query"]
     assert "manifest.list.v2+json" in seen["accept"] and "image.index.v1+json" in seen["accept"]
+
+
+def test_a_command_in_another_python_environment_is_pinned_by_that_environments_packages():
+    """A local runtime whose command is another environment's Python is pinned as the workflow's own is: that
+    environment's vLLM, torch and package digest (asked of its Python, which has no speedmatrix)."""
+    import sys
+    from pathlib import Path
+
+    from speedmatrix.serve import runtimes
+
+    found = runtimes.environment_packages(Path(sys.executable))
+    here = runtimes.python_packages()
+    assert found["vllm_version"] == here["vllm_version"] and found["torch_version"] == here["torch_version"]
+    assert found["packages_sha256"] == runtimes.packages_digest(found["packages"])
+    assert runtimes.environment_packages(Path("/nonexistent/python")) is None

@@ -84,6 +84,8 @@ def test_seed002_tiny_speed_matrix_tables_and_api_key(seed002):
     decode = matrix[matrix.workload == "decode"]
     assert len(decode) == 48 and (decode.status == "over_capacity").any() and (decode.status == "valid").any()
     assert (matrix.workload == "prefill").sum() == 6
+    # the experiment names the seed's published matrix: the report shows it beside the run's
+    assert "## Against the published matrix" in report and "**Status agreement: " in report
     # the key reached the server and the client (every cell measured) and no file
     launch = json.loads((res / "servers" / "main" / "launch.json").read_text())
     assert "{env:SPEEDMATRIX_API_KEY}" in launch["argv"]

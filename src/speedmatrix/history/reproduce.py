@@ -21,6 +21,9 @@ import yaml
 from ..core.errors import ConfigError
 
 STATUSES = ("valid", "looped", "over_capacity")
+# a published file's tables, each named for the kind of cell it holds: the matrix (context x concurrency, with
+# statuses) and the per-context rows
+MATRIX_TABLE, ROWS_TABLE = "decode", "prefill"
 # a run's status as the published tables write it (unstable: a figure, with a wide spread)
 AS_PUBLISHED = {"valid": "valid", "unstable": "valid", "looped": "looped", "over_capacity": "over_capacity"}
 
@@ -31,10 +34,10 @@ def load(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: no such published matrix (config/published/ holds the seeds')")
     doc = yaml.safe_load(path.read_text()) or {}
-    for key in ("source", "decode"):
+    for key in ("source", MATRIX_TABLE):
         if key not in doc:
             raise ConfigError(f"{path}: key {key!r} is missing (where the table comes from, and its decode matrix)")
-    dec = doc["decode"]
+    dec = doc[MATRIX_TABLE]
     conc = dec.get("concurrency") or []
     for ctx, row in (dec.get("status") or {}).items():
         if len(row) != len(conc):
@@ -51,7 +54,7 @@ def _table(block: dict[str, Any] | None) -> pd.DataFrame:
 
 
 def decode_cells(published: dict[str, Any]) -> pd.DataFrame:
-    dec = published["decode"]
+    dec = published[MATRIX_TABLE]
     rows = [{"context": int(ctx), "concurrency": c, "status": s}
             for ctx, statuses in dec["status"].items() for c, s in zip(dec["concurrency"], statuses)]
     cells = pd.DataFrame(rows)
@@ -71,7 +74,7 @@ def compare(matrix: pd.DataFrame, published: dict[str, Any], server_id: str | No
     elif matrix["server_id"].nunique() > 1:
         raise ConfigError(f"the run has several server configs ({', '.join(sorted(matrix['server_id'].unique()))}):"
                           " name one with --server")
-    run = matrix[matrix["workload"] == "decode"].drop_duplicates(["context_tokens", "concurrency"])
+    run = _of_kind(matrix, MATRIX_TABLE).drop_duplicates(["context_tokens", "concurrency"])
     pub = decode_cells(published)
     run_rank, pub_rank = _ranked(run["context_tokens"]), _ranked(pub["context"])
     run = run.assign(rank=run["context_tokens"].map(run_rank))
@@ -110,14 +113,19 @@ def compare(matrix: pd.DataFrame, published: dict[str, Any], server_id: str | No
     return {"cells": cells, "rows": rows, "prefill": prefill, "summary": summary}
 
 
+def _of_kind(matrix: pd.DataFrame, table: str) -> pd.DataFrame:
+    """The run's cells of the kind a published table is named for."""
+    return matrix[matrix["workload"].eq(table)]
+
+
 def _first_over(row: pd.DataFrame, column: str) -> int | None:
     """A context row's smallest concurrency over capacity (None: none is)."""
     return next((int(c) for c, s in zip(row["concurrency"], row[column]) if s == "over_capacity"), None)
 
 
 def _prefill(matrix: pd.DataFrame, published: dict[str, Any]) -> pd.DataFrame:
-    pub = _table(published.get("prefill"))
-    run = matrix[matrix["workload"] == "prefill"].drop_duplicates("context_tokens")
+    pub = _table(published.get(ROWS_TABLE))
+    run = _of_kind(matrix, ROWS_TABLE).drop_duplicates("context_tokens")
     if pub.empty or run.empty:
         return pd.DataFrame()
     pub = pub.assign(rank=pub["context"].map(_ranked(pub["context"])))

@@ -62,7 +62,10 @@ def blocks(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any], level
             Para("Each figure from the cell's requests (counted in its window, no error, no warm-up); the change's "
                  "95 % interval from a bootstrap over requests within each repeat; a verdict needs the interval to "
                  "exclude no change and the change to reach the minimum effect (the user's, or twice the cell's own "
-                 "noise). Cells measured differently, or without a figure in either run, are not compared."),
+                 "noise: its repeats' spread, each run's interval, and its spread across the store's other runs of "
+                 "the same runtime where there are some). Latency figures only where both runs' tokens streamed as "
+                 "made. Cells measured differently, searches, and cells without a figure in either run are not "
+                 "compared."),
             verdict_table(table)]
 
 
@@ -209,6 +212,7 @@ def earlier_runs_blocks(history_path: str | Path, experiment: str, results_dir: 
             tooltip=["cell", "run", alt.Tooltip("ratio:Q", format=".3f")]).properties(
             width=420, title="Each cell in earlier runs, against this run")
         png = Path(out["md"]).parent / "charts" / "earlier_runs.png"
+        png.parent.mkdir(parents=True, exist_ok=True)
         charts.save_png(chart, png)
         blocks_.append(Figure("Each cell in earlier runs, against this run", chart.to_dict(),
                               str(png.relative_to(Path(out["md"]).parent)),
