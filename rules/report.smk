@@ -34,5 +34,7 @@ rule report:
         captions="docs/captions",
         # the results store: the section on this run's cells in earlier runs
         history=str(sm_store.path_for(config["results_dir"])),
+        # config `against`: a run this one is judged against in its report
+        against=config.get("against", ""),
     script:
         "../workflow/scripts/report.py"

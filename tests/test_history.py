@@ -117,6 +117,11 @@ def test_a_slower_cell_is_found_and_the_exit_code_says_so(recorded, tmp_path, ca
     printed = capsys.readouterr().out
     assert "**1 cell slower**" in printed and SLOWED[1] in printed
     assert (out / "regress.csv").exists() and "Against run" in (out / "regress.md").read_text()
+    # the report's section when the config names a run to judge against (a folder here; a store id works too)
+    from speedmatrix.report import regression
+
+    section = markdown(regression.against_blocks(str(base), None, slow))
+    assert section.startswith("## Against run ") and "**1 cell slower**" in section
     # a minimum effect above the slowdown: no verdict of slower
     assert main(["regress", str(base), str(slow), "--min-effect", "60", "--store", str(tmp_path / "x.sqlite")]) == 0
 

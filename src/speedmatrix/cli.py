@@ -127,18 +127,6 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _run_side(store_path: Path, ref: str):
-    """A run for the verdict: a results folder (read as it is) or a stored run's id (a unique prefix)."""
-    from .history import store
-
-    if Path(ref).is_dir():
-        row, cells, reqs = store.manifest(ref)
-        return row, cells, reqs
-    run_id = store.resolve(store_path, ref)
-    row = store.runs(store_path).set_index("run_id").loc[run_id].to_dict() | {"run_id": run_id}
-    return row, store.cells(store_path, run_id), store.requests(store_path, run_id)
-
-
 def cmd_history(ns: argparse.Namespace) -> int:
     from .history import store
     from .report import regression
@@ -153,26 +141,17 @@ def cmd_history(ns: argparse.Namespace) -> int:
 
 
 def cmd_regress(ns: argparse.Namespace) -> int:
+    from .core.table import markdown
     from .history import regress
     from .report import regression
 
-    base, base_cells, base_reqs = _run_side(ns.store, ns.base)
-    new, new_cells, new_reqs = _run_side(ns.store, ns.new)
+    base, base_cells, base_reqs = regression.side(ns.base, ns.store if Path(ns.store).exists() else None)
+    new, new_cells, new_reqs = regression.side(ns.new, ns.store if Path(ns.store).exists() else None)
     min_effect = None if ns.min_effect is None else ns.min_effect / 100
-    siblings: tuple[list, list] = ([], [])
-    if not ns.alone and Path(ns.store).exists():  # other stored runs of each side's runtime: run-to-run noise
-        from .history import store
-
-        stored = store.runs(ns.store)
-        for side, row in zip(siblings, (base, new)):
-            same = stored[(stored["runtime_ref"] == row.get("runtime_ref"))
-                          & ~stored["run_id"].isin([base["run_id"], new["run_id"]])]
-            side += [(store.cells(ns.store, rid), store.requests(ns.store, rid)) for rid in same["run_id"]]
-    table = regress.regress(base_cells, base_reqs, new_cells, new_reqs, min_effect, ns.noise_multiple, siblings)
+    others = ([], []) if ns.alone else regression.siblings(ns.store, base, new)
+    table = regress.regress(base_cells, base_reqs, new_cells, new_reqs, min_effect, ns.noise_multiple, others)
     if ns.out:
         print(f"wrote {regression.write(ns.out, table, base, new)} (and regress.html, regress.csv)", file=sys.stderr)
-    from .core.table import markdown
-
     print(markdown(regression.blocks(table, base, new)))
     code = regress.exit_code(table)
     if code:

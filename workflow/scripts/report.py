@@ -20,4 +20,5 @@ with logs.to_file(snakemake.log[0]):
         lossless_paths=snakemake.input.lossless,
         published_path=(snakemake.input.published or [None])[0],
         history_path=snakemake.params.history,
+        against=snakemake.params.against or None,
     )

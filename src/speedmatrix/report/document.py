@@ -249,7 +249,7 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
           reference_paths: list[str] = (), loop_settings: dict[str, Any] | None = None,
           decisions_path: str | None = None, requests_path: str | None = None,
           captions_dir: str | None = None, lossless_paths: list[str] = (), published_path: str | None = None,
-          history_path: str | None = None) -> None:
+          history_path: str | None = None, against: str | None = None) -> None:
     """The report rule: the charts (HTML + PNG), report.md and report.html.
 
     ``loop_settings`` replaces the experiment's ``loops:`` in the text (a re-derivation under
@@ -272,6 +272,8 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
                  exp.runtime["device"], exp.lossless["enabled"])
     if published_path:  # the seed's table beside the run's
         doc += regression.reproduction_blocks(reproduce.compare(matrix, reproduce.load(published_path)), level=2)
+    if against:  # the regression verdict against the run the user named
+        doc += regression.against_blocks(against, history_path, Path(matrix_path).parent)
     if history_path and Path(history_path).exists():  # this run's cells in the stored runs before it
         doc += regression.earlier_runs_blocks(history_path, exp.name, Path(matrix_path).parent, matrix, out)
     write(out["md"], out["html"], doc, exp.name)

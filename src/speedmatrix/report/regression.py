@@ -10,6 +10,7 @@ import altair as alt
 import pandas as pd
 
 from ..core import atomic, fmt
+from ..core.errors import StoreError
 from ..core.table import Block, Bullets, Figure, Heading, Para, Table, html_page, markdown
 from ..history import regress as rg
 from ..history import store
@@ -218,3 +219,36 @@ def earlier_runs_blocks(history_path: str | Path, experiment: str, results_dir: 
                               str(png.relative_to(Path(out["md"]).parent)),
                               "1.0: the same output tok/s as this run; each point a cell in one earlier run."))
     return blocks_
+
+
+def side(ref: str | Path, history_path: str | Path | None) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
+    """A run for a verdict: a results folder (read as it is) or a run id in the store (a unique start of one)."""
+    if Path(ref).is_dir():
+        return store.manifest(ref)
+    if not history_path:
+        raise StoreError(f"{ref}: not a results folder, and no results store to look the id up in")
+    run_id = store.resolve(history_path, str(ref))
+    row = store.runs(history_path).set_index("run_id").loc[run_id].to_dict() | {"run_id": run_id}
+    return row, store.cells(history_path, run_id), store.requests(history_path, run_id)
+
+
+def siblings(history_path: str | Path | None, base: dict[str, Any], new: dict[str, Any]) -> tuple[list, list]:
+    """The store's other runs of BASE's runtime and of NEW's (their cells and requests): each cell's run-to-run
+    spread for the minimum effect."""
+    out: tuple[list, list] = ([], [])
+    if not history_path or not Path(history_path).exists():
+        return out
+    stored = store.runs(history_path)
+    for found, row in zip(out, (base, new)):
+        same = stored[(stored["runtime_ref"] == row.get("runtime_ref"))
+                      & ~stored["run_id"].isin([base["run_id"], new["run_id"]])]
+        found += [(store.cells(history_path, rid), store.requests(history_path, rid)) for rid in same["run_id"]]
+    return out
+
+
+def against_blocks(ref: str, history_path: str | Path | None, results_dir: Path) -> list[Block]:
+    """The report's section "Against run X": this run judged against the one the config's ``against`` names."""
+    base, bc, br = side(ref, history_path)
+    new, nc, nr = store.manifest(results_dir)
+    table = rg.regress(bc, br, nc, nr, siblings=siblings(history_path, base, new))
+    return blocks(table, base, new, level=2)
