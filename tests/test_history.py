@@ -181,3 +181,20 @@ def test_a_report_shows_its_cells_in_earlier_runs(recorded, tmp_path):
     assert (tmp_path / "report" / "charts" / "earlier_runs.png").stat().st_size > 0
     assert regression.earlier_runs_blocks(db, "another-experiment", slow, pd.read_parquet(slow / "matrix.parquet"),
                                           out) == []
+
+
+def test_published_figures_of_named_cells_beside_the_runs():
+    """Seed 003's tables name a server config, context and concurrency: each published figure is set beside the
+    run's cell of the same three (a ratio where the run has it), per GPU when asked."""
+    from speedmatrix.history import reproduce
+    from speedmatrix.report import regression
+
+    published = reproduce.load(REPO / "config" / "published" / "seed003-capacity.yaml")
+    run = pd.DataFrame([{"server_id": "capacity-qat-12b-v1", "context_tokens": 8192, "concurrency": 128,
+                         "status": "valid", "total_tok_s": 1053 * 1.1, "p95_ttft_ms": 1580.0, "workload": "capacity"}])
+    found = reproduce.compare(run, published, gpu="RTX PRO 6000")
+    named = found["named"]
+    assert set(named["gpu"]) == {"RTX PRO 6000"} and found["summary"]["named_measured"] == 1
+    hit = named[named["status"].notna()].iloc[0]
+    assert hit["total_tok_s_ratio"] == pytest.approx(1.1) and hit["p95_ttft_ms_ratio"] == pytest.approx(1.0)
+    assert "**1 of " in markdown(regression.reproduction_blocks(found))

@@ -165,7 +165,7 @@ def cmd_reproduce(ns: argparse.Namespace) -> int:
     from .history import reproduce
     from .report import compare, regression
 
-    found = reproduce.compare(compare.load_matrix(ns.run), reproduce.load(ns.published), ns.server)
+    found = reproduce.compare(compare.load_matrix(ns.run), reproduce.load(ns.published), ns.server, ns.gpu)
     page = markdown(regression.reproduction_blocks(found))
     if ns.out:
         ns.out.mkdir(parents=True, exist_ok=True)
@@ -473,7 +473,9 @@ def _add_history(sub) -> None:
     rp.add_argument("run", metavar="RUN", help="a results folder (results/<experiment>) or its matrix.parquet")
     rp.add_argument("published", metavar="PUBLISHED", type=Path,
                     help="a published matrix, e.g. config/published/seed002-speed-matrix.yaml")
-    rp.add_argument("--server", help="the run's server config to compare (when it has several)")
+    rp.add_argument("--server", help="the run's server config to compare with a published matrix (when it has "
+                    "several)")
+    rp.add_argument("--gpu", help="only the published rows of this GPU (as the file names it, e.g. 'RTX PRO 6000')")
     rp.add_argument("--out", type=Path, help="also write reproduce.md and reproduce-cells.csv here")
     rp.set_defaults(func=cmd_reproduce)
 

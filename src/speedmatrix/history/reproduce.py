@@ -34,10 +34,15 @@ def load(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: no such published matrix (config/published/ holds the seeds')")
     doc = yaml.safe_load(path.read_text()) or {}
-    for key in ("source", MATRIX_TABLE):
-        if key not in doc:
-            raise ConfigError(f"{path}: key {key!r} is missing (where the table comes from, and its decode matrix)")
-    dec = doc[MATRIX_TABLE]
+    if "source" not in doc:
+        raise ConfigError(f"{path}: key 'source' is missing (where the tables come from)")
+    if MATRIX_TABLE not in doc and "rows" not in doc:
+        raise ConfigError(f"{path}: no table: give '{MATRIX_TABLE}' (a context x concurrency matrix) or 'rows' "
+                          "(figures of named cells)")
+    cols = (doc.get("rows") or {}).get("columns") or []
+    if "rows" in doc and not {"server_id", "context", "concurrency"} <= set(cols):
+        raise ConfigError(f"{path}: key 'rows.columns' must name server_id, context and concurrency")
+    dec = doc.get(MATRIX_TABLE) or {}
     conc = dec.get("concurrency") or []
     for ctx, row in (dec.get("status") or {}).items():
         if len(row) != len(conc):
@@ -66,9 +71,36 @@ def _ranked(values) -> dict[int, int]:
     return {v: i for i, v in enumerate(sorted(set(int(x) for x in values)))}
 
 
-def compare(matrix: pd.DataFrame, published: dict[str, Any], server_id: str | None = None) -> dict[str, Any]:
+def named_rows(matrix: pd.DataFrame, published: dict[str, Any], gpu: str | None = None) -> pd.DataFrame:
+    """Published figures of named cells (server config, context, concurrency) beside the run's same cells."""
+    pub = _table(published.get("rows"))
+    if pub.empty:
+        return pub
+    if gpu and "gpu" in pub:
+        pub = pub[pub["gpu"] == gpu]
+    run = matrix.rename(columns={"context_tokens": "context"})
+    keep = ["server_id", "context", "concurrency", "status", "total_tok_s", "total_tok_s_ci_low",
+            "total_tok_s_ci_high", "p95_ttft_ms"]
+    both = pub.merge(run[[c for c in keep if c in run]], on=["server_id", "context", "concurrency"], how="left",
+                     suffixes=("_published", ""))
+    for col in ("total_tok_s", "p95_ttft_ms"):
+        if f"{col}_published" in both:
+            both[f"{col}_ratio"] = both[col] / both[f"{col}_published"]
+    return both
+
+
+def compare(matrix: pd.DataFrame, published: dict[str, Any], server_id: str | None = None,
+            gpu: str | None = None) -> dict[str, Any]:
     """The comparison's tables: ``cells`` (every published decode cell beside the run's), ``rows`` (each context
-    row's over-capacity boundary), ``prefill`` and a ``summary`` of counts."""
+    row's over-capacity boundary), ``prefill``, ``named`` (published figures of named cells beside the run's) and a
+    ``summary`` of counts."""
+    named = named_rows(matrix, published, gpu)
+    if MATRIX_TABLE not in published:
+        matched = int(named["status"].notna().sum()) if len(named) else 0
+        return {"cells": pd.DataFrame(), "rows": pd.DataFrame(), "prefill": pd.DataFrame(), "named": named,
+                "summary": {"cells": 0, "measured": 0, "agree": 0, "rows": 0, "same_boundary": 0,
+                            "named": int(len(named)), "named_measured": matched, "published": published["path"],
+                            "source": " ".join(str(published["source"]).split())}}
     if server_id:
         matrix = matrix[matrix["server_id"] == server_id]
     elif matrix["server_id"].nunique() > 1:
@@ -106,11 +138,12 @@ def compare(matrix: pd.DataFrame, published: dict[str, Any], server_id: str | No
     rows["same_boundary"] = rows["published_first_over"].fillna(0) == rows["run_first_over"].fillna(0)
     prefill = _prefill(matrix, published)
     measured = cells["status_as_measured"].notna()
-    summary = {"cells": int(len(cells)), "measured": int(measured.sum()),
+    summary = {"cells": int(len(cells)), "measured": int(measured.sum()), "named": int(len(named)),
+               "named_measured": int(named["status"].notna().sum()) if len(named) else 0,
                "agree": int(cells.loc[measured, "agree"].sum()), "rows": int(len(rows)),
                "same_boundary": int(rows["same_boundary"].sum()), "published": published["path"],
                "source": " ".join(str(published["source"]).split())}
-    return {"cells": cells, "rows": rows, "prefill": prefill, "summary": summary}
+    return {"cells": cells, "rows": rows, "prefill": prefill, "named": named, "summary": summary}
 
 
 def _of_kind(matrix: pd.DataFrame, table: str) -> pd.DataFrame:

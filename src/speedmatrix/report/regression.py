@@ -123,16 +123,33 @@ def _st(s: Any) -> str:
     return "—" if fmt.missing(s) else fmt.status(s)
 
 
+def _named_table(named: pd.DataFrame) -> Table:
+    t = Table(["Server config", "GPU", "Context", "Concurrency", "Published tok/s", "Run tok/s", "Run / published",
+               "Published p95 TTFT", "Run p95 TTFT", "Run status"])
+    for r in named.itertuples():
+        t.add(r.server_id, getattr(r, "gpu", "—"), fmt.ctx(int(r.context)), int(r.concurrency),
+              fmt.num(r.total_tok_s_published), fmt.num(r.total_tok_s), fmt.whole(r.total_tok_s_ratio, "{:.3f}×"),
+              fmt.ms(getattr(r, "p95_ttft_ms_published", None)), fmt.ms(getattr(r, "p95_ttft_ms", None)),
+              _st(r.status))
+    return t
+
+
 def reproduction_blocks(found: dict[str, Any], level: int = 1) -> list[Block]:
     """The reproduction verdict: the answer first (status agreement, boundary), then the tables."""
     s = found["summary"]
-    cells, rows, prefill = found["cells"], found["rows"], found["prefill"]
+    cells, rows, prefill, named = found["cells"], found["rows"], found["prefill"], found.get("named", pd.DataFrame())
     pct = s["agree"] / s["measured"] if s["measured"] else None
-    out: list[Block] = [
-        Heading(level, "Against the published matrix"),
+    source = f"Published: `{s['published']}` ({s['source']})."
+    out: list[Block] = [Heading(level, "Against the published matrix")]
+    if len(named):
+        out += [Para(f"**{s['named_measured']} of {s['named']} published figures have a cell of the same server "
+                     f"config, context and concurrency in this run.** {source}"), _named_table(named)]
+    if cells.empty:
+        return out
+    out += [
         Para(f"**Status agreement: {s['agree']} of {s['measured']} sustained-decode cells ({fmt.pct(pct)}); the "
              f"over-capacity boundary falls at the same concurrency in {s['same_boundary']} of {s['rows']} context "
-             f"rows.** Published: `{s['published']}` ({s['source']})."),
+             f"rows.** {source}"),
         Para("Rows are matched in context order (the run's i-th context with the published i-th), concurrency by "
              "value. KV multiple: the context x concurrency a cell needs over the run's KV cache, so a run with "
              "smaller contexts or another GPU is compared on its shape; the published KV cache was not given.")]
