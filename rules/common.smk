@@ -14,7 +14,6 @@ from speedmatrix.serve import procs as sm_procs
 from speedmatrix.serve import runtimes as sm_runtimes
 from speedmatrix.jobs import summary as sm_summary
 from speedmatrix.history import store as sm_store
-from speedmatrix.core.errors import SpeedmatrixError
 from speedmatrix import workloads as sm_workloads
 
 try:
@@ -129,9 +128,11 @@ def finish_run(succeeded):
                 f"speedmatrix: run {run_id} {'added to' if new else 'already in'} the results store {history} "
                 "(speedmatrix history; speedmatrix regress BASE NEW)"
             )
-        except (SpeedmatrixError, OSError) as err:
+        # a store problem is said in one line; the run's end is not a traceback
+        except Exception as err:
             print(
-                f"speedmatrix: the run was not added to the results store {history}: {err}"
+                f"speedmatrix: the run was not added to the results store {history}: "
+                f"{type(err).__name__}: {err}"
             )
         page = Path(RESULTS) / "report.html"
         if succeeded and page.exists():

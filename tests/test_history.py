@@ -83,6 +83,16 @@ def test_a_failed_run_is_stored_as_failed(recorded, tmp_path):
     assert row["status"] == "failed" and row["failed_jobs"] == 3
     with pytest.raises(StoreError, match="not a run's results folder"):
         store.manifest(tmp_path / "failed" / "cells" / "base")
+    # a run whose server never started: no cell at all, only its summary; stored as failed, and runs after it too
+    early = tmp_path / "early"
+    early.mkdir()
+    (early / "run-summary.json").write_text(json.dumps({"succeeded": False, "failed": 2, "jobs": 12,
+                                                        "written_at": "2026-12-03T06:00:00+0000"}))
+    db = tmp_path / "history.sqlite"
+    first, added = store.add(early, db)
+    assert added and store.runs(db).iloc[0]["status"] == "failed" and store.runs(db).iloc[0]["cells"] == 0
+    second, added = store.add(base, db)
+    assert added and len(store.cells(db, second)) == 15 and store.cells(db, first).empty
 
 
 def test_a_run_against_itself_changes_nothing(recorded):

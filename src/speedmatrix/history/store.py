@@ -39,6 +39,7 @@ RUN_COLUMNS = ["run_id", "experiment", "status", "cells", "started_at", "added_a
 
 
 def path_for(results_root: str | Path) -> Path:
+    """The store of a results root."""
     return Path(results_root) / FILE
 
 
@@ -175,7 +176,8 @@ def manifest(run: str | Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFram
     ids = pd.DataFrame([{"server_id": sid, "cell_id": cid, **cell_identity(doc)} for (sid, cid), doc in cells.items()],
                        columns=["server_id", "cell_id", "config_sha256", "basis_sha256", "measurement_key",
                                 "cell_spec", "client_settings"])
-    cell_rows = matrix.merge(ids, on=["server_id", "cell_id"], how="left") if len(matrix) else matrix
+    cell_rows = (matrix.merge(ids, on=["server_id", "cell_id"], how="left") if len(matrix)
+                 else pd.DataFrame(columns=["server_id", "cell_id", "status"]))  # a run that judged no cell
     cell_rows.insert(0, "run_id", run_id)
     reqs = pd.read_parquet(run / "requests.parquet") if (run / "requests.parquet").exists() else _requests_of(run)
     reqs = reqs.reindex(columns=REQUEST_COLUMNS)
@@ -230,14 +232,19 @@ def add(run: str | Path, store: str | Path) -> tuple[str, bool]:
     """Add a results folder's run to the store: (its run id, whether it was new). One transaction: a run is in the
     store whole or not at all."""
     row, cells, reqs = manifest(run)
-    with connect(store, create=True) as con:
-        if "runs" in _tables(con) and con.execute("SELECT 1 FROM runs WHERE run_id = ?", (row["run_id"],)).fetchone():
-            return row["run_id"], False
-        _append(con, "runs", pd.DataFrame([row], columns=RUN_COLUMNS), key="run_id")
-        _append(con, "cells", cells)
-        _append(con, "requests", reqs)
-        for table, cols in (("cells", "run_id, server_id, cell_id"), ("requests", "run_id, server_id, cell_id")):
-            con.execute(f'CREATE INDEX IF NOT EXISTS "{table}_by_cell" ON "{table}" ({cols})')
+    try:
+        with connect(store, create=True) as con:
+            if "runs" in _tables(con) and con.execute("SELECT 1 FROM runs WHERE run_id = ?",
+                                                      (row["run_id"],)).fetchone():
+                return row["run_id"], False
+            _append(con, "runs", pd.DataFrame([row], columns=RUN_COLUMNS), key="run_id")
+            _append(con, "cells", cells)
+            _append(con, "requests", reqs)
+            for table in ("cells", "requests"):
+                con.execute(f'CREATE INDEX IF NOT EXISTS "{table}_by_cell" ON "{table}" (run_id, server_id, cell_id)')
+    except sqlite3.Error as err:  # a damaged or locked file: said, with where it is
+        raise StoreError(f"{store}: {err} (the run was not added; a damaged store can be moved aside, a new one "
+                         "starts with the next run)") from None
     return row["run_id"], True
 
 

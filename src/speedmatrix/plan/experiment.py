@@ -506,8 +506,11 @@ def _read(path: Path, experiments_dir: str | Path, seen: tuple[str, ...]) -> dic
 
 
 def published_path(name: str, experiments_dir: str | Path = "config/experiments") -> Path:
-    """Where a published matrix an experiment names is: config/published/<name>.yaml beside its folder."""
-    return Path(experiments_dir).parent / "published" / f"{name}.yaml"
+    """Where a published matrix an experiment names is: published/<name>.yaml beside its folder, else the
+    workflow's own config/published/ (an experiment copied elsewhere still finds the seeds' tables)."""
+    beside = Path(experiments_dir).parent / "published" / f"{name}.yaml"
+    own = Path("config") / "published" / f"{name}.yaml"
+    return beside if beside.exists() or not own.exists() else own
 
 
 def sources(name: str, experiments_dir: str | Path = "config/experiments") -> list[Path]:
