@@ -145,8 +145,9 @@ def cmd_regress(ns: argparse.Namespace) -> int:
     from .history import regress
     from .report import regression
 
-    base, base_cells, base_reqs = regression.side(ns.base, ns.store if Path(ns.store).exists() else None)
-    new, new_cells, new_reqs = regression.side(ns.new, ns.store if Path(ns.store).exists() else None)
+    known = ns.store if Path(ns.store).exists() else None
+    base, base_cells, base_reqs = regression.side(ns.base, known)
+    new, new_cells, new_reqs = regression.side(ns.new, known)
     min_effect = None if ns.min_effect is None else ns.min_effect / 100
     others = ([], []) if ns.alone else regression.siblings(ns.store, base, new)
     table = regress.regress(base_cells, base_reqs, new_cells, new_reqs, min_effect, ns.noise_multiple, others)

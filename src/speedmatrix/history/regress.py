@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from .. import workloads
+from ..measure import stats
 
 COMPARABLE_STATUSES = ("valid", "unstable")
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "faster", "slower", "no change", "not comparable"
@@ -65,10 +66,11 @@ def counted(reqs: pd.DataFrame) -> pd.DataFrame:
     return reqs[keep]
 
 
-def _streamed(reqs: pd.DataFrame) -> bool:
+def _streamed(cell: pd.Series) -> bool:
     """Whether a cell's tokens came as the server made them (not held back and sent in bursts, as vLLM for the CPU
-    can): the matrix's ``delivery`` for the cell, carried on its requests by ``regress``."""
-    return bool(reqs.attrs.get("streamed", True))
+    can): its ``delivery`` in the matrix (none recorded, e.g. one-token prefill cells: as made)."""
+    delivery = cell.get("delivery")
+    return delivery is None or pd.isna(delivery) or delivery == "streamed"
 
 
 def _seed(*parts: str) -> int:
@@ -85,18 +87,19 @@ def _boot(fig: Figure, values: np.ndarray, strata: np.ndarray, rng: np.random.Ge
 
 
 def _repeat_cv(fig: Figure, values: np.ndarray, strata: np.ndarray) -> float:
+    """The figure's spread between the cell's repeats (stats.interval's CV; 0 with one repeat)."""
     per = [fig.statistic(values[strata == s]) for s in np.unique(strata)]
-    per = [p for p in per if np.isfinite(p)]
-    return float(np.std(per, ddof=1) / np.mean(per)) if len(per) >= 2 and np.mean(per) else 0.0
+    return stats.interval([p for p in per if np.isfinite(p)])["cv"] or 0.0
 
 
 def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, min_effect: float | None,
                  noise_multiple: float, siblings: tuple[list[pd.DataFrame], list[pd.DataFrame]] = ([], []),
-                 ) -> dict[str, Any]:
+                 streamed: bool = True) -> dict[str, Any]:
     """One figure of one cell: the change, its interval, the minimum effect used and the verdict. ``siblings``: the
-    cell's requests in other runs of BASE's runtime and of NEW's (the run-to-run spread of each side)."""
+    cell's requests in other runs of BASE's runtime and of NEW's (the run-to-run spread of each side);
+    ``streamed``: whether both runs' tokens came as made (latency figures are judged only then)."""
     out: dict[str, Any] = {"figure": fig.name}
-    if not fig.higher_is_better and not (_streamed(base) and _streamed(new)):
+    if not fig.higher_is_better and not streamed:
         return {**out, "verdict": NOT_COMPARABLE,
                 "reason": "tokens came in bursts: a request's token times are not the server's"}
     vb, vn = fig.values(base), fig.values(new)
@@ -119,8 +122,7 @@ def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, m
         points = [point] + [float(fig.statistic(v[np.isfinite(v)])) for v in (fig.values(o) for o in others)
                             if np.isfinite(v).sum() >= MIN_REQUESTS]
         runs_seen += len(points) - 1
-        if len(points) >= 2:
-            run_noise = max(run_noise, float(np.std(points, ddof=1) / np.mean(points)))
+        run_noise = max(run_noise, stats.interval(points)["cv"] or 0.0)
     noise = max(noise, run_noise)
     threshold = min_effect if min_effect is not None else noise_multiple * noise
     better = change > 0 if fig.higher_is_better else change < 0
@@ -187,12 +189,12 @@ def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.Dat
             continue
         key = (r["server_id"], r["cell_id"])
         rb, rn = counted(by_b.get(key, base_reqs.iloc[:0])), counted(by_n.get(key, new_reqs.iloc[:0]))
-        rb.attrs["streamed"] = b.get("delivery") in (None, "streamed") or pd.isna(b.get("delivery"))
-        rn.attrs["streamed"] = n.get("delivery") in (None, "streamed") or pd.isna(n.get("delivery"))
-        others = tuple([_same_cell(sc, sr, b, key) for sc, sr in side] for side in siblings)
-        others = tuple([o for o in side if o is not None] for side in others)
+        streamed = _streamed(b) and _streamed(n)
+        others = tuple([o for o in (_same_cell(sc, sr, b, key) for sc, sr in side) if o is not None]
+                       for side in siblings)
         for fig in FIGURES:
-            rows.append({**ident, **judge_figure(fig, rb, rn, "/".join(key), min_effect, noise_multiple, others)})
+            rows.append({**ident, **judge_figure(fig, rb, rn, "/".join(key), min_effect, noise_multiple, others,
+                                                 streamed)})
     out = pd.DataFrame(rows)
     order = {SLOWER: 0, FASTER: 1, SAME: 2, NOT_COMPARABLE: 3}
     out["_o"] = out["verdict"].map(order)

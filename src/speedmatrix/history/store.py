@@ -115,14 +115,41 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _rows(run: Path) -> tuple[pd.DataFrame, dict[str, dict[str, Any]]]:
-    """The run's cells as matrix rows (its matrix.parquet, else each judged cell's row made as aggregate makes it)
-    and each cell's JSON by (server, cell)."""
+def _cell_docs(run: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """Each finished cell's JSON by (server, cell)."""
     cells = {}
     for path in _cell_files(run):
         doc = atomic.read_json_if_there(path)
         if doc and "cell" in doc:
             cells[(doc["cell"]["server_id"], doc["cell"]["cell_id"])] = doc
+    return cells
+
+
+def _run_id(run: Path, cells: dict[tuple[str, str], dict[str, Any]], summary: dict[str, Any]) -> tuple[str, str]:
+    """A run's experiment and id: a hash of the experiment and of every cell's measurement key and start (a run that
+    finished no cell is told apart from another such run by when it ended)."""
+    if cells:
+        experiment = next(iter(cells.values()))["experiment"]
+    elif (run / "matrix.parquet").exists():
+        experiment = str(pd.read_parquet(run / "matrix.parquet", columns=["experiment"])["experiment"].iloc[0])
+    else:
+        experiment = run.name
+    keys = sorted((sid, cid, doc.get("measurement_key"), doc["result"].get("started_at"))
+                  for (sid, cid), doc in cells.items())
+    ended = {} if keys else {"ended": summary.get("written_at")}
+    return experiment, _sha({"experiment": experiment, "cells": keys, **ended})[:12]
+
+
+def run_id(run: str | Path) -> str:
+    """The id a results folder's run has (or will have) in the store."""
+    run = Path(run)
+    return _run_id(run, _cell_docs(run), atomic.read_json_if_there(run / "run-summary.json") or {})[1]
+
+
+def _rows(run: Path) -> tuple[pd.DataFrame, dict[str, dict[str, Any]]]:
+    """The run's cells as matrix rows (its matrix.parquet, else each judged cell's row made as aggregate makes it)
+    and each cell's JSON by (server, cell)."""
+    cells = _cell_docs(run)
     if (run / "matrix.parquet").exists():
         matrix = pd.read_parquet(run / "matrix.parquet")
     else:  # a run that stopped before its matrix: the cells it judged
@@ -150,14 +177,8 @@ def manifest(run: str | Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFram
     models_lock = (run / "models.lock").read_bytes() if (run / "models.lock").exists() else b""
     provs = [doc.get("provenance") or {} for doc in cells.values()]
     first = lambda key: next((p.get(key) for p in provs if p.get(key) is not None), None)  # noqa: E731
-    experiment = (matrix["experiment"].iloc[0] if len(matrix) else next(iter(cells.values()))["experiment"] if cells
-                  else run.name)
+    experiment, run_id = _run_id(run, cells, summary)
     started = sorted(str(doc["result"].get("started_at")) for doc in cells.values() if doc["result"].get("started_at"))
-    keys = sorted((sid, cid, doc.get("measurement_key"), doc["result"].get("started_at"))
-                  for (sid, cid), doc in cells.items())
-    # a run that finished no cell is told apart from another such run by when it ended
-    ended = {} if keys else {"ended": summary.get("written_at")}
-    run_id = _sha({"experiment": experiment, "cells": keys, **ended})[:12]
     # a folder kept without its run summary (a recorded run): what it holds, its end unknown
     status = ("unknown" if not summary else "complete" if summary.get("succeeded") and not summary.get("failed")
               else "failed" if not summary.get("succeeded") else "partial")

@@ -150,6 +150,8 @@ class Experiment:
     raw: dict[str, Any]  # the file as loaded, with the schema's defaults filled in
     servers: list[ServerConfig] = field(default_factory=list)
     client: ClientSettings = field(default_factory=ClientSettings.from_config)
+    # the files it was read from: its own, then each one it extends (``extends:``)
+    files: tuple[Path, ...] = ()
 
     @property
     def models(self) -> dict[str, dict[str, Any]]:
@@ -248,7 +250,7 @@ class Experiment:
         dataset file it names (path and bytes, in name order). A record of a run says which experiment it ran by
         this."""
         h = hashlib.sha256(self.path.read_bytes())
-        for parent in sources(self.name, self.path.parent)[1:]:
+        for parent in self.files[1:]:
             h.update(b"\0extends\0" + parent.read_bytes())
         for name, spec in sorted((self.raw.get("datasets") or {}).items()):
             if "path" in spec:
@@ -486,8 +488,9 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _read(path: Path, experiments_dir: str | Path, seen: tuple[str, ...]) -> dict:
-    """An experiment file's keys, with those of the experiment it ``extends`` under them."""
+def _read(path: Path, experiments_dir: str | Path, seen: tuple[Path, ...] = ()) -> tuple[dict, tuple[Path, ...]]:
+    """An experiment file's keys, with those of the experiment it ``extends`` under them, and the files read (its
+    own first)."""
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -496,13 +499,15 @@ def _read(path: Path, experiments_dir: str | Path, seen: tuple[str, ...]) -> dic
         raise ConfigError(f"{path}: an experiment must be a mapping of keys, got {type(raw).__name__}")
     parent = raw.pop("extends", None)
     if parent is None:
-        return raw
+        return raw, (*seen, path)
     base = Path(experiments_dir) / f"{parent}.yaml"
     if not isinstance(parent, str) or not base.exists():
         raise ConfigError(f"{path}: key 'extends': no experiment {parent!r} ({base} is not there)")
-    if path.stem in seen:
-        raise ConfigError(f"{path}: key 'extends': {' -> '.join((*seen, path.stem))} comes back to itself")
-    return _merge(_read(base, experiments_dir, (*seen, path.stem)), raw)
+    if path in seen:
+        chain = " -> ".join(p.stem for p in (*seen, path))
+        raise ConfigError(f"{path}: key 'extends': {chain} comes back to itself")
+    under, files = _read(base, experiments_dir, (*seen, path))
+    return _merge(under, raw), files
 
 
 def published_path(name: str, experiments_dir: str | Path = "config/experiments") -> Path:
@@ -513,18 +518,6 @@ def published_path(name: str, experiments_dir: str | Path = "config/experiments"
     return beside if beside.exists() or not own.exists() else own
 
 
-def sources(name: str, experiments_dir: str | Path = "config/experiments") -> list[Path]:
-    """The files an experiment is read from: its own, then each one it extends."""
-    out, path = [], Path(experiments_dir) / f"{name}.yaml"
-    while path.exists() and path not in out:
-        out.append(path)
-        parent = (yaml.safe_load(path.read_text()) or {}).get("extends")
-        if not isinstance(parent, str):
-            break
-        path = Path(experiments_dir) / f"{parent}.yaml"
-    return out
-
-
 def load(name: str, experiments_dir: str | Path = "config/experiments") -> Experiment:
     path = Path(experiments_dir) / f"{name}.yaml"
     if not path.exists():
@@ -533,14 +526,14 @@ def load(name: str, experiments_dir: str | Path = "config/experiments") -> Exper
             f"unknown experiment {name!r}: no file {path}. Available experiments: "
             f"{', '.join(names) if names else '(none)'}"
         )
-    raw = _read(path, experiments_dir, ())
+    raw, files = _read(path, experiments_dir)
     validate(raw, "experiment", str(path))
     if raw.get("published") and not published_path(raw["published"], experiments_dir).exists():
         raise ConfigError(f"{path}: key 'published': no file {published_path(raw['published'], experiments_dir)} "
                           "(a published matrix: config/published/<name>.yaml)")
     settings.apply_defaults(raw, settings.schema("experiment"), settings.schema("experiment"))
     _check_references(raw, str(path))
-    exp = Experiment(name=name, path=path, raw=raw, client=ClientSettings.from_config(raw["client"]))
+    exp = Experiment(name=name, path=path, raw=raw, client=ClientSettings.from_config(raw["client"]), files=files)
     for sid, merged, _where, sweep in server_entries(raw):
         exp.servers.append(
             ServerConfig(

