@@ -1,6 +1,6 @@
 """A test fixture, not a model server: streams OpenAI-style completion events as fast as it can.
 
-bench/client_overhead.py and bench/loop_cost.py run it to measure a client.
+bench/client_overhead.py, bench/client_capacity.py and bench/loop_cost.py run it to measure a client.
 
 ``POST /v1/completions`` answers a stream of ``max_tokens`` events, one token
 each, in the shape vLLM sends (a ``choices`` entry with the text, and usage
@@ -91,9 +91,20 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def models(_request: web.Request) -> web.Response:
+    """The model list a client may ask for first (GuideLLM checks its backend this way)."""
+    return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model", "owned_by": "bench"}]})
+
+
+async def health(_request: web.Request) -> web.Response:
+    return web.Response()
+
+
 def app() -> web.Application:
     a = web.Application()
     a.router.add_post("/v1/completions", completions)
+    a.router.add_get("/v1/models", models)
+    a.router.add_get("/health", health)
     return a
 
 

@@ -98,11 +98,14 @@ def test_saturation_is_a_queue_that_grows_through_the_window():
     assert not arrivals.saturation(growing[:5])["saturated"]  # too few requests to say
 
 
-def test_the_reference_asks_vllm_bench_serve_for_the_same_arrivals(tmp_path):
-    """A rate cell in the reference: vllm bench serve gets every request of the schedule at the rate, with the
-    cell's gamma shape (Poisson: 1) and no concurrency cap; speedmatrix measures it without a warm-up, as the
-    others are asked. Constant arrivals (which vllm bench serve does not draw), and a rate cell no named client can
-    send at a rate, are refused before any server starts."""
+def test_the_reference_asks_every_client_for_the_same_arrivals(tmp_path):
+    """A rate cell in the reference: vllm bench serve (and AIPerf, GuideLLM) gets every request of the schedule
+    at the rate, with the cell's gamma shape (Poisson: 1) and no concurrency cap; speedmatrix measures it without a
+    warm-up, as the others are asked. Constant arrivals (which vllm bench serve does not draw), and a rate cell no
+    named client can send, are refused before any server starts."""
+    import dataclasses
+    from pathlib import Path
+
     import yaml
 
     from conftest import REPO
@@ -124,26 +127,38 @@ def test_the_reference_asks_vllm_bench_serve_for_the_same_arrivals(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(experiment.ConfigError, match="constant arrivals: vllm bench serve draws Poisson or gamma"):
         experiment.load("c", tmp_path)
-    data["workloads"]["rate"].update(arrival="poisson")
-    # a client that cannot send at a rate sits the rate cells out (its other cells it measures); with no client
-    # that can, the reference is refused. (aiperf looked for in this Python, where it is not: its import check
-    # answers at once.)
-    rate_id = "rate-ctx128-temp0-fp0.5-r2-poisson"
+    # a client that cannot send a rate cell's arrivals sits that cell out (its other cells it measures): GuideLLM
+    # draws Poisson gaps only, so it sits out a gamma cell; with no client that can, the reference is refused.
+    # (guidellm looked for in this Python, where it is not: its import check answers at once.)
+    data["workloads"]["rate"].update(arrival="gamma", burstiness=0.5)
+    rate_id = "rate-ctx128-temp0-fp0.5-r2-gamma0.5"
     data["workloads"]["capacity"] = [data["workloads"]["capacity"], {"contexts": [128], "concurrency": [4],
                                                                      "requests": 8, "max_tokens": 16}]
-    data["reference"] = {"cells": [rate_id, "capacity-ctx128-c4"], "clients": ["vllm_bench_serve", "aiperf"],
-                         "python": {"aiperf": sys.executable}}
+    data["reference"] = {"cells": [rate_id, "capacity-ctx128-c4"], "clients": ["vllm_bench_serve", "guidellm"],
+                         "python": {"guidellm": sys.executable}}
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
     exp = experiment.load("p", tmp_path)
     assert not any("open-loop" in p for p in reference.problems(exp))
-    assert reference.clients_for(exp.cell("base", rate_id), ["vllm_bench_serve", "aiperf"]) == (
-        ["vllm_bench_serve"], ["aiperf"])
-    assert reference.clients_for(exp.cell("base", "capacity-ctx128-c4"), ["vllm_bench_serve", "aiperf"]) == (
-        ["vllm_bench_serve", "aiperf"], [])
-    data["reference"]["clients"] = ["aiperf"]
+    assert reference.clients_for(exp.cell("base", rate_id), ["vllm_bench_serve", "guidellm", "aiperf"]) == (
+        ["vllm_bench_serve", "aiperf"], ["guidellm"])
+    assert reference.clients_for(exp.cell("base", "capacity-ctx128-c4"), ["vllm_bench_serve", "guidellm"]) == (
+        ["vllm_bench_serve", "guidellm"], [])
+    data["reference"]["clients"] = ["guidellm"]
     (tmp_path / "q.yaml").write_text(yaml.safe_dump(data))
     found = reference.problems(experiment.load("q", tmp_path))
-    assert any("none of aiperf can send open-loop arrivals at a rate" in p for p in found), found
+    assert any("none of guidellm can send these cells' open-loop arrivals" in p for p in found), found
+    # Poisson arrivals: every client sends them (AIPerf as its poisson pattern, GuideLLM as its poisson profile)
+    poisson = dataclasses.replace(load, burstiness=1.0)
+    ap = peers.table()["aiperf"].argv(["py"], poisson, tmp_path, None)
+    assert ap[ap.index("--request-rate"):][:4] == ["--request-rate", "4", "--arrival-pattern", "poisson"]
+    assert "--concurrency" not in ap
+    ap = peers.table()["aiperf"].argv(["py"], load, tmp_path, None)
+    assert ap[ap.index("--arrival-pattern"):][:4] == ["--arrival-pattern", "gamma", "--arrival-smoothness", "0.5"]
+    gl = peers.table()["guidellm"].argv(["py"], poisson, tmp_path, None)
+    assert json.loads(Path(gl[gl.index("--scenario") + 1]).read_text())["spec"]["profile"] == {"kind": "poisson",
+                                                                                             "rate": 4}
+    with pytest.raises(ValueError, match="Poisson arrivals only"):
+        peers.table()["guidellm"].argv(["py"], load, tmp_path, None)
 
 
 def test_a_rate_search_doubles_then_bisects_to_its_resolution_and_keeps_its_interval():

@@ -193,3 +193,45 @@ def test_bench_refuses_an_slo_search_without_a_target(capsys):
     assert cli.main(["measure", "--url", "http://127.0.0.1:9", "--model", "m", "--workload", "slo_search",
                      "--context", "32", "--out", "/dev/null"]) == 2
     assert "slo_search needs a latency target" in capsys.readouterr().err
+
+
+def test_every_measurement_has_the_client_check_and_a_busy_client_is_client_bound():
+    """The client check: a normal measurement's figures, and a client process kept busy on purpose (a callback that
+    holds its event loop 60 ms of every 80, burning CPU) is Client-bound, with the reason and whose time it was."""
+    from speedmatrix.jobs import cells
+    from speedmatrix.measure import clientcheck
+
+    cell = Cell("manual", "decode", context_tokens=64, concurrency=4, max_tokens=32, duration_s=1.5)
+    result, records = _measure(cell, app())
+    assert result["status"] == "valid", result.get("status_reason")
+    assert all(result[k] is not None for k in clientcheck.FIGURES)
+    assert 0 <= result["client_loop_lag_p50_ms"] <= result["client_loop_lag_p95_ms"] <= result["client_loop_lag_max_ms"]
+    assert result["client_loop_lag_p95_ms"] < 50 and 0 < result["client_cpu_share"]
+    # each request's body left after it began, and its time inside the client is that gap
+    assert all(r.sent is not None and r.sent >= r.start for r in records)
+    assert all(r.client_wait_s == pytest.approx(r.sent - r.start) for r in records)
+
+    async def busy_client():
+        async def hog():
+            while True:
+                t = time.perf_counter()
+                while time.perf_counter() - t < 0.06:
+                    pass
+                await asyncio.sleep(0.02)
+
+        async with TestServer(app()) as srv:
+            url = str(srv.make_url("")).rstrip("/")
+            task = asyncio.create_task(hog())
+            try:
+                return await cells.measure(cell, cells.MeasureInput(
+                    url, "ok", ClientSettings.from_config({"stall_timeout_s": 5}), progress=lambda m: None))
+            finally:
+                task.cancel()
+
+    result, _ = asyncio.run(busy_client())
+    assert result["status"] == "client_bound"
+    assert result["client_loop_lag_p95_ms"] > 50 and result["client_cpu_share"] > 0
+    assert "event loop ran late" in result["status_reason"] and "the client used" in result["status_reason"]
+    # the limits are the experiment's: a looser one lets the same figures pass
+    loose = ClientSettings.from_config({"max_loop_lag_p95_ms": 1000, "max_cpu_share": 2, "max_stall_share": 1})
+    assert clientcheck.verdict(result, loose, 1.5) is None

@@ -102,3 +102,11 @@ def test_launch_uses_the_pinned_revision(tmp_path):
     assert json.loads(argv[argv.index("--speculative-config") + 1])["revision"] == COMMIT
     assert "vllm/vllm-openai@sha256:" + "a" * 64 in argv and "vllm/vllm-openai:cu129-nightly" not in argv
     assert spec["stop_argv"] == ["docker", "rm", "--force", "gemma4-31b-it"]
+    # a GPU experiment's server keeps its priority; on the CPU it gives way to the client (runtime.server_nice)
+    assert spec["nice"] == 0
+    cpu = experiment.load("tiny-cpu", REPO / "config/experiments")
+    assert runtimes.server_nice(cpu) == 10
+    data = yaml.safe_load((REPO / "config/experiments/tiny-cpu.yaml").read_text())
+    data["runtime"]["server_nice"] = 0
+    (d / "c.yaml").write_text(yaml.safe_dump(data))
+    assert runtimes.server_nice(experiment.load("c", d)) == 0

@@ -218,3 +218,20 @@ def test_a_command_in_another_python_environment_is_pinned_by_that_environments_
     assert found["vllm_version"] == here["vllm_version"] and found["torch_version"] == here["torch_version"]
     assert found["packages_sha256"] == runtimes.packages_digest(found["packages"])
     assert runtimes.environment_packages(Path("/nonexistent/python")) is None
+
+
+def test_the_broker_starts_a_server_at_the_lowered_priority():
+    """What the broker runs before vLLM: the process's nice and (Linux) its new session's autogroup lowered."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from speedmatrix.serve.broker import _lowered
+
+    probe = ("import os, pathlib; g = pathlib.Path('/proc/self/autogroup'); "
+             "print(os.nice(0), g.read_text().split()[-1] if g.exists() else 'none')")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, start_new_session=True,
+                         preexec_fn=_lowered(7), check=True).stdout.split()
+    assert int(out[0]) == os.nice(0) + 7
+    if Path("/proc/self/autogroup").exists():
+        assert out[1] == "7"

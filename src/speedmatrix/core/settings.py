@@ -108,6 +108,8 @@ class ClientSettings:
     busy_wait_s: float
     metrics_interval_s: float
     max_stall_share: float
+    max_loop_lag_p95_ms: float
+    max_cpu_share: float
     cell_timeout_s: float | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 

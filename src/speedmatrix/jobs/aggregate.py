@@ -12,7 +12,7 @@ import pandas as pd
 from .. import workloads
 from ..core import atomic
 from ..judge import decide
-from ..measure import slo, stats
+from ..measure import clientcheck, slo, stats
 
 TELEMETRY_COLUMNS = [
     "gpu_name", "gpu_count", "gpu_power_w", "gpu_energy_j", "gpu_energy_per_output_token_j", "gpu_sm_util_pct",
@@ -98,8 +98,9 @@ COLUMNS: list[C] = [
     C("lossless_verdict", LOOPS), C("lossless_setting", LOOPS), C("lossless_reason", LOOPS),
     C("lossless_identical_share", LOOPS),
     C("lossless_share_below_floor", LOOPS), C("lossless_twin_share_below_floor", LOOPS),
-    # the client check of a sustained-decode window: the longest time its event loop stood still
-    C("client_stall_s", RESULT),
+    # the client check of every cell (speedmatrix.measure.clientcheck): its event loop's lag, its CPU share, the
+    # machine's, and its requests' time inside it
+    *(C(c, RESULT) for c in clientcheck.FIGURES),
     # a GPU pool: the pool's GPUs the server held, and the other cells that measured during this one
     C("server_gpus"), C("ran_beside"),
     # decisions: the server's GPUs (tensor x pipeline parallel; 0 on the CPU) and output tok/s per

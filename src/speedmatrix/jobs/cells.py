@@ -27,7 +27,7 @@ import pandas as pd
 from ..core import atomic
 from ..core.errors import CellError
 from ..core.settings import ClientSettings
-from ..measure import client, datasets, loops, metrics, prompts, stats, telemetry
+from ..measure import client, clientcheck, datasets, loops, metrics, prompts, stats, telemetry
 from ..measure import records as requests_table
 from ..workloads import Cell, CellRun
 from .job import JobContext
@@ -276,8 +276,12 @@ async def _repeats(session: aiohttp.ClientSession, cell: Cell, inp: MeasureInput
             t_wall = time.time()
             sampler.start()
         t_measure = time.monotonic()
-        measured = await cell.kind.measure(run, prepared)
-        requests_s += time.monotonic() - t_measure
+        check = clientcheck.ClientCheck()
+        async with check.window():
+            measured = await cell.kind.measure(run, prepared)
+        took = time.monotonic() - t_measure
+        requests_s += took
+        client_check(measured.figures, check.figures(measured.records), inp.client, took)
         for r in measured.records:  # request indices stay unique over the cell's repeats
             r.index += len(records)
             r.repeat = k
@@ -285,12 +289,26 @@ async def _repeats(session: aiohttp.ClientSession, cell: Cell, inp: MeasureInput
         per_repeat.append(measured.figures)
         if measured.passes:
             per_passes.append(measured.passes)
-    figures = stats.combine(per_repeat)
+    figures = stats.combine(per_repeat, worst=clientcheck.FIGURES)
     passes = {ph: stats.combine([p[ph] for p in per_passes]) for ph in per_passes[0]} if per_passes else {}
     if cell.repeats > 1:
         figures["repeat_figures"] = per_repeat  # each repeat's own figures, in order
     figures["requests_s"] = round(requests_s, 3)
     return figures, passes, records, t_wall
+
+
+def client_check(figures: dict[str, Any], checked: dict[str, Any], settings: ClientSettings, took_s: float) -> None:
+    """A measurement's figures get the client check's (clientcheck), and Client-bound where the client set them:
+    an open loop's own verdict on its send lag gains the reason; a saturated server's queue, measured by a
+    client that could not keep up, is the client's too."""
+    figures.update(checked)
+    reason = clientcheck.verdict(checked, settings, took_s)
+    if reason is None:
+        return
+    if figures.get("status") == "client_bound":
+        figures["status_reason"] = f"{figures.get('status_reason')}; {reason}"
+    else:
+        figures["status"], figures["status_reason"] = "client_bound", reason
 
 
 def _check(cell: Cell, url: str, records: list[client.RequestRecord], finished: float | None,

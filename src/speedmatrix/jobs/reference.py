@@ -53,23 +53,22 @@ def problems(exp) -> list[str]:
     out = peers.problems(clients_of(settings), settings, str(exp.path))
     table = peers.table()
     cells_by_id = {c.id: c for c in exp.cells()}
-    open_loop = [cid for cid in settings.get("cells", [])
+    open_loop = [cells_by_id[cid] for cid in settings.get("cells", [])
                  if cid in cells_by_id and "rate" in cells_by_id[cid].kind.reference_load(cells_by_id[cid])]
-    able = [n for n in clients_of(settings) if n in table and table[n].rates]
-    if open_loop and not able:
+    unable = [c.id for c in open_loop
+              if not any(n in table and table[n].can_send(c.kind.reference_load(c)) for n in clients_of(settings))]
+    if unable:
         out.append(f"{exp.path}: key 'reference.clients': none of {', '.join(clients_of(settings))} can send "
-                   f"open-loop arrivals at a rate (reference.cells names {', '.join(open_loop)}): add one that can "
-                   "(vllm_bench_serve)")
+                   f"these cells' open-loop arrivals at a rate (reference.cells names {', '.join(unable)}): add one "
+                   "that can (vllm_bench_serve)")
     return out
 
 
 def clients_for(cell: cells.Cell, names: list[str]) -> tuple[list[str], list[str]]:
     """The named clients that can measure the cell, and those left out: a client without open-loop arrivals at a
     rate measures no rate cell (the others' cells it measures as ever)."""
-    table = peers.table()
-    if "rate" not in cell.kind.reference_load(cell):
-        return list(names), []
-    return [n for n in names if table[n].rates], [n for n in names if not table[n].rates]
+    table, load = peers.table(), cell.kind.reference_load(cell)
+    return [n for n in names if table[n].can_send(load)], [n for n in names if not table[n].can_send(load)]
 
 
 def _ours(result: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +163,7 @@ def run_rule(job: JobContext, cell_id: str, out_json: str) -> dict[str, Any]:
         startup = info["startup"]
     doc = document(cell, runs, experiment=exp.name, server_id=job.server_id, rounds=rounds, client=client_cfg.as_dict(),
                    provenance=job.provenance(startup),
-                   left_out={n: "cannot send open-loop arrivals at a rate" for n in left_out})
+                   left_out={n: "cannot send these open-loop arrivals (a rate, of this gamma shape)" for n in left_out})
     atomic.write_json(out_json, doc)
     if doc["failed"]:
         print(f"failed rounds (kept with their errors in {out_json}): {', '.join(sorted(doc['failed']))}")

@@ -193,10 +193,21 @@ class RequestRecord:
     # a multi-turn session's request: which session and turn it is (0: not a session's)
     session: int | None = None
     turn: int | None = None
+    # when the request's body was handed to the socket (seconds since t0): its time inside the client is from
+    # when it was due (``scheduled`` in an open loop, else ``start``) to this (clientcheck)
+    sent: float | None = None
 
     @property
     def output_tokens(self) -> int:
         return sum(self.chunk_tokens)
+
+    @property
+    def client_wait_s(self) -> float | None:
+        """From when the request was due (its scheduled send in an open loop, else when the client began it) to
+        when its bytes left: the time it spent inside the client (a late wake-up, the connection pool, the loop)."""
+        if self.sent is None:
+            return None
+        return self.sent - (self.scheduled if self.scheduled is not None else self.start)
 
     @property
     def ttft_s(self) -> float | None:
@@ -341,7 +352,7 @@ async def stream_completion(
     decoder = _Decoder(record)
     try:
         body = opts.payload(model, prompt, record.index, record.max_tokens)
-        async with session.post(f"{base_url}{opts.path}", json=body,
+        async with session.post(f"{base_url}{opts.path}", json=body, trace_request_ctx=record,
                                 headers=auth_headers() if headers is None else headers) as resp:
             record.error = await _refused(resp)
             buf = b""
@@ -369,6 +380,8 @@ async def stream_completion(
         record.error = f"connection error: {type(exc).__name__}: {exc}"[:300]
     finally:
         record.end = time.monotonic() - t0
+        if record.sent is not None:  # the trace hook kept the monotonic clock's reading
+            record.sent -= t0
         record.text = "".join(decoder.parts)
         if opts.ignore_eos and opts.eos_text:
             at = record.text.find(opts.eos_text)
@@ -416,38 +429,27 @@ def _reconcile(record: RequestRecord, total: int) -> None:
                 break
 
 
-def session_for(concurrency: int) -> aiohttp.ClientSession:
-    """One HTTP session for a cell: a connection per request in flight, no overall timeout
-    (a request ends by its own stall timeout or the cell's window)."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency + 4),
-                                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+async def _body_sent(_session: aiohttp.ClientSession, ctx: Any, _params: Any) -> None:
+    """aiohttp's trace hook, as the request's body is written to the socket: its record keeps the moment
+    (the monotonic clock; ``stream_completion`` makes it relative to the cell's t0)."""
+    record = ctx.trace_request_ctx
+    if isinstance(record, RequestRecord) and record.sent is None:
+        record.sent = time.monotonic()
 
 
-class StallWatch:
-    """How long the client's event loop went without running: a task asks to wake every ``TICK_S`` and records
-    how much later than asked it woke. While the loop is held (a busy callback, or the process given no CPU by
-    a machine whose cores the server saturates) no stream is read: tokens that arrive then are stamped when the
-    loop runs again, and a window's figures are the client's, not the server's. ``longest_s`` is the worst."""
+def _tracing() -> aiohttp.TraceConfig:
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(_body_sent)
+    return trace
 
-    TICK_S = 0.05
 
-    def __init__(self) -> None:
-        self.longest_s = 0.0
-        self._task: asyncio.Task | None = None
-
-    async def _watch(self) -> None:
-        while True:
-            asked = time.monotonic()
-            await asyncio.sleep(self.TICK_S)
-            self.longest_s = max(self.longest_s, time.monotonic() - asked - self.TICK_S)
-
-    def __enter__(self) -> StallWatch:
-        self._task = asyncio.create_task(self._watch())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
+def session_for(concurrency: int | None) -> aiohttp.ClientSession:
+    """One HTTP session for a measurement: a connection per request in flight (None: no limit, an open loop's:
+    a limit would hold a request back inside the HTTP library), no overall timeout (a request ends by its own
+    stall timeout or the cell's window); each request's record keeps when its body left (``sent``)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0 if concurrency is None else concurrency + 4),
+                                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+                                 trace_configs=[_tracing()])
 
 
 async def closed_loop(
@@ -559,9 +561,7 @@ async def open_loop(
     records in send order)."""
     records: list[RequestRecord] = []
     tasks: list[asyncio.Task] = []
-    # no connection limit: a limit would hold a request back inside the HTTP library, unseen by the lag
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)) as session:
+    async with session_for(None) as session:
         t0 = time.monotonic()
         last_report = 0.0
         for i, at in enumerate(schedule):

@@ -43,6 +43,9 @@ COLUMNS: dict[str, Callable[[RequestRecord], Any]] = {
     "phase": lambda r: r.phase,
     "repeat": lambda r: r.repeat,
     "scheduled_s": lambda r: r.scheduled,
+    # when its body left, and the time it spent inside the client before (from when it was due: clientcheck)
+    "sent_s": lambda r: r.sent,
+    "client_wait_ms": lambda r: _ms(r.client_wait_s),
     "counted": lambda r: r.counted,
     "category": lambda r: r.category,
     "request_max_tokens": lambda r: r.max_tokens,

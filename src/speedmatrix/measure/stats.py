@@ -234,8 +234,6 @@ _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 # the figures a cell's repeats give an interval and a coefficient of variation for
 SPREAD_FIGURES = ("output_throughput", "prompt_tok_s", "per_request_tok_s", "median_ttft_ms", "median_tbt_ms",
                   "median_itl_ms")
-# the worst over a cell's repeats
-LONGEST = ("client_stall_s",)
 # counts over the whole cell: summed over its repeats (every other figure: the median of the repeats)
 ADDITIVE = ("num_requests", "completed", "failed", "total_output_tokens", "total_input_tokens", "prompts_built",
             "measured_s", "duration", "steady_s")
@@ -253,10 +251,10 @@ def interval(values: list[float]) -> dict[str, Any]:
     return {"ci95": [max(0.0, mean - half), mean + half], "cv": sd / mean if mean else None}
 
 
-def combine(repeats: list[dict[str, Any]]) -> dict[str, Any]:
-    """A cell's figures over its repeats: counts summed, a stall the longest, every other number the median of
-    the repeats, a repeat's own verdict (status) the cell's, and for each of SPREAD_FIGURES its interval
-    (``<figure>_ci95``) and CV (``<figure>_cv``)."""
+def combine(repeats: list[dict[str, Any]], worst: Iterable[str] = ()) -> dict[str, Any]:
+    """A cell's figures over its repeats: counts summed, the figures named in ``worst`` the worst (the client
+    check's), every other number the median of the repeats, a repeat's own verdict (status) the cell's, and for
+    each of SPREAD_FIGURES its interval (``<figure>_ci95``) and CV (``<figure>_cv``)."""
     if len(repeats) == 1:
         return dict(repeats[0])
     out: dict[str, Any] = {}
@@ -270,7 +268,7 @@ def combine(repeats: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = dict(merged)
         elif key in ADDITIVE and nums:
             out[key] = sum(nums)
-        elif key in LONGEST and nums:
+        elif key in worst and nums:
             out[key] = max(nums)
         elif nums and len(nums) == len([v for v in values if v is not None]):
             out[key] = float(np.median(nums))

@@ -13,6 +13,8 @@ class AIPerf(Peer):
     name = "aiperf"
     module = "aiperf"
     pin = "aiperf==0.13.0"
+    rates = True  # --request-rate with --arrival-pattern poisson, or gamma of --arrival-smoothness (vLLM's burstiness)
+    gamma = True
     notes = ("synthetic prompts of the asked token count; sends no temperature unless told, so it is given "
              "temperature 0, ignore_eos and skip_special_tokens false as extra inputs; its first token is the "
              "first event with text (a request whose events all have empty text counts as failed); by default it "
@@ -30,9 +32,18 @@ class AIPerf(Peer):
                 "--synthetic-input-tokens-mean", str(load.context), "--synthetic-input-tokens-stddev", "0",
                 "--output-tokens-mean", str(load.max_tokens), "--output-tokens-stddev", "0",
                 *[a for k, v in load.body.items() for a in ("--extra-inputs", f"{k}:{json.dumps(v)}")],
-                "--use-server-token-count", "--concurrency", str(load.concurrency),
+                "--use-server-token-count", *self._load_args(load),
                 "--request-count", str(load.requests), "--random-seed", str(load.seed),
                 "--output-artifact-dir", str(work / "artifacts"), "--ui-type", "none", *key]
+
+    @staticmethod
+    def _load_args(load: Load) -> list[str]:
+        if not load.rate:
+            return ["--concurrency", str(load.concurrency)]
+        if load.burstiness == 1:
+            return ["--request-rate", str(load.rate), "--arrival-pattern", "poisson"]
+        return ["--request-rate", str(load.rate), "--arrival-pattern", "gamma",
+                "--arrival-smoothness", str(load.burstiness)]
 
     def env(self, environ: dict[str, str], load: Load, api_key: str | None) -> dict[str, str]:
         # AIPerf 0.13.0 in offline mode (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE set) looks every tokenizer up

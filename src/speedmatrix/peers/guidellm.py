@@ -18,6 +18,7 @@ class GuideLLM(Peer):
     name = "guidellm"
     module = "guidellm"
     pin = "guidellm==0.8.1"
+    rates = True  # a poisson profile at the rate; it draws no gamma gaps
     notes = ("synthetic prompts of the asked token count; sends no temperature unless told (given temperature 0 "
              "and skip_special_tokens false in the body); its first token is the first event with text; asks the "
              "server for usage on every chunk (continuous_usage_stats) and counts tokens from it; its output tok/s "
@@ -28,10 +29,13 @@ class GuideLLM(Peer):
              "to half the gap between waves")
 
     def argv(self, python: list[str], load: Load, work: Path, api_key: str | None) -> list[str]:
+        if load.rate and load.burstiness != 1:
+            raise ValueError("GuideLLM draws Poisson arrivals only (burstiness 1)")
         scenario = {"spec": {
             "backend": {"kind": "openai_http", "target": load.url, "model": load.model,
                         "request_format": "/v1/completions", "extras": {"body": load.body}},
-            "profile": {"kind": "concurrent", "streams": load.concurrency},
+            "profile": ({"kind": "poisson", "rate": load.rate} if load.rate
+                        else {"kind": "concurrent", "streams": load.concurrency}),
             "data": [{"kind": "synthetic_text", "prompt_tokens": load.context, "output_tokens": load.max_tokens}],
             "tokenizer": {"kind": "huggingface_auto", "model": load.tokenizer},
             "constraints": [{"kind": "max_requests", "count": load.requests}],

@@ -26,6 +26,7 @@ class VllmBenchServe(Peer):
              "ITL is every gap between streamed events")
 
     rates = True  # --request-rate with --burstiness: gamma gaps (1: Poisson)
+    gamma = True
 
     def argv(self, python: list[str], load: Load, work: Path, api_key: str | None) -> list[str]:
         load_args = (["--request-rate", str(load.rate), "--burstiness", str(load.burstiness)] if load.rate

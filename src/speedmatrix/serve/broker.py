@@ -53,6 +53,7 @@ class BrokerArgs:
     token: str = ""
     stop_argv: list[str] | None = None
     gpus: list[str] | None = None  # the pool's GPUs this server holds for its life (None: the whole device)
+    nice: int = 0  # the server's scheduling priority, lowered by this much (runtime.server_nice)
 
 
 # A line of vLLM's log that says why it stopped: argparse's "error: ...", or a Python exception's last line.
@@ -174,7 +175,20 @@ def _launch(a: BrokerArgs, argv: list[str], log_path: Path, start_id: str) -> su
                   f"{json.dumps(runtimes.redact_argv(a.argv))}\n".encode())
         log.flush()
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **a.env}, start_new_session=True)
+                                env={**os.environ, **a.env}, start_new_session=True,
+                                preexec_fn=_lowered(a.nice) if a.nice else None)
+
+
+def _lowered(nice: int):
+    """Run in the server's process before vLLM starts (its session is new): its priority lowered by ``nice``, and
+    its session's scheduling group too (Linux autogroup: the kernel shares a core between sessions first, so a
+    process's own nice alone would not give way to the client's session). The client then gets the few
+    milliseconds it needs when it needs them, on a host whose cores the server keeps busy (docs/decisions)."""
+    def apply() -> None:
+        os.nice(nice)
+        with contextlib.suppress(OSError):
+            Path("/proc/self/autogroup").write_text(str(nice))
+    return apply
 
 
 def _startup_doc(a: BrokerArgs, start_id: str, seconds: float, log_path: Path) -> dict[str, Any]:
@@ -192,6 +206,7 @@ def _startup_doc(a: BrokerArgs, start_id: str, seconds: float, log_path: Path) -
         "model_weights_gib": model_weights_gib(log_path),
         # the pool's GPUs this server holds (CUDA_VISIBLE_DEVICES); None: the whole device
         "gpus": a.gpus,
+        "nice": a.nice,
         **startup_record(a.url),
     }
     if record.get("kv_cache_size_tokens") is None:
@@ -351,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                                  idle_timeout_s=spec["idle_timeout_s"], owner=spec["owner"],
                                  server_id=spec["server_id"], experiment=spec["experiment"],
                                  token=spec.get("token", ""), stop_argv=spec.get("stop_argv"),
-                                 gpus=spec.get("gpus")))
+                                 gpus=spec.get("gpus"), nice=int(spec.get("nice") or 0)))
 
 
 if __name__ == "__main__":

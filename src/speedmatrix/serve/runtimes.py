@@ -333,6 +333,13 @@ def pinned_revisions(srv: ServerConfig, models_dir: str | Path) -> dict[str, str
     return out
 
 
+def server_nice(exp: Experiment) -> int:
+    """How much the server's scheduling priority is lowered (``runtime.server_nice``): by default 10 on the CPU,
+    where the server's threads and the client share the host's cores, else 0."""
+    given = exp.runtime.get("server_nice")
+    return int(given) if given is not None else (10 if exp.runtime.get("device") == "cpu" else 0)
+
+
 def launch_spec(exp: Experiment, server_id: str, models_dir: str | Path,
                 lock: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything needed to start one server config, with the host port left to choose at start.
@@ -371,6 +378,7 @@ def launch_spec(exp: Experiment, server_id: str, models_dir: str | Path,
         "server_env": srv.env,
         "api_key_env": srv.api_key_env,
         "startup_timeout_s": srv.startup_timeout_s,
+        "nice": server_nice(exp),
         "models": manifests,
         # the served model's files (its tokenizer: vllm bench serve's --tokenizer in the reference rule)
         "model_dir": str(Path(files_dir).resolve()),

@@ -70,7 +70,7 @@ def broker_command() -> list[str]:
 def spawn_broker(state_dir: Path, argv_without_port: list[str], host: str, port: int,
                  env: dict[str, str], startup_timeout_s: float, idle_timeout_s: float, server_id: str,
                  experiment: str, progress=print, stop_argv: list[str] | None = None,
-                 gpus: list[str] | None = None) -> dict:
+                 gpus: list[str] | None = None, nice: int = 0) -> dict:
     """Start a server's broker and return once it has registered (``broker.starting.json``, with the GPUs
     it holds): from then on other cells see those GPUs as taken, so the wait for vLLM to serve
     (``await_broker``) needs no lock and servers on disjoint GPUs start at the same time."""
@@ -85,7 +85,7 @@ def spawn_broker(state_dir: Path, argv_without_port: list[str], host: str, port:
     spec = {"state_dir": str(state_dir), "argv": argv, "env": env, "url": url,
             "startup_timeout_s": startup_timeout_s, "idle_timeout_s": idle_timeout_s,
             "owner": os.environ.get(OWNER_ENV), "server_id": server_id, "experiment": experiment,
-            "token": token, "stop_argv": stop_argv, "gpus": gpus}
+            "token": token, "stop_argv": stop_argv, "gpus": gpus, "nice": nice}
     state_dir.mkdir(parents=True, exist_ok=True)
     progress(f"starting server {server_id} at {url}")
     # the spec goes through a pipe, not a file: the argv may hold a secret (--api-key)
@@ -165,7 +165,8 @@ def acquire(results_root: Path, experiment: str, server_id: str, launch: dict, i
                                  f"{','.join(placement.pool)}")
                     pending = spawn_broker(state_dir, launch["argv"], launch["host"], launch["port"], env,
                                            launch["startup_timeout_s"], idle_timeout_s, server_id, experiment,
-                                           progress, launch.get("stop_argv"), units if placement.pool else None)
+                                           progress, launch.get("stop_argv"), units if placement.pool else None,
+                                           int(launch.get("nice") or 0))
             if info is not None or pending is not None:
                 state_dir.mkdir(parents=True, exist_ok=True)
                 lease.touch()

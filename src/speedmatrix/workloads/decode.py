@@ -50,19 +50,6 @@ class PromptQueue:
         return await self.queue.get()
 
 
-def stall_verdict(longest_s: float, window_s: float, max_share: float) -> dict[str, Any]:
-    """The client check of a closed-loop window: ``client_stall_s``, and Client-bound where the client's event
-    loop stood still for more than ``max_share`` of the window (client.max_stall_share): the streams were not
-    read then, so the tokens of that time were stamped late and the window's figures are the client's."""
-    out: dict[str, Any] = {"client_stall_s": round(longest_s, 3)}
-    if longest_s > max_share * window_s:
-        out["status"] = "client_bound"
-        out["status_reason"] = (f"the client stood still {longest_s:.1f} s of the {window_s:g} s window (limit "
-                                f"{max_share:.0%}): its streams were not read then (the machine's cores busy with "
-                                "the server, or the client's own work); the figures are the client's")
-    return out
-
-
 @register
 class Decode(Workload):
     name = "decode"
@@ -90,17 +77,15 @@ class Decode(Workload):
         run.progress(f"decode: {cell.concurrency} at once for {cell.duration_s:g} s, context {cell.context_tokens}")
         filling = asyncio.create_task(queue.producer())
         try:
-            with client.StallWatch() as watch:
-                _, records = await asyncio.wait_for(
-                    client.closed_loop(run.url, run.model, queue.next, cell.concurrency, cell.duration_s, opts,
-                                       run.progress),
-                    timeout=float(run.client.cell_timeout_s or cell.duration_s + opts.stall_timeout_s + 120),
-                )
+            _, records = await asyncio.wait_for(
+                client.closed_loop(run.url, run.model, queue.next, cell.concurrency, cell.duration_s, opts,
+                                   run.progress),
+                timeout=float(run.client.cell_timeout_s or cell.duration_s + opts.stall_timeout_s + 120),
+            )
         finally:
             filling.cancel()
         figures = stats.decode(records, cell.duration_s, cell.concurrency)
         figures["prompts_built"] = queue.built
-        figures.update(stall_verdict(watch.longest_s, cell.duration_s, float(run.client.max_stall_share)))
         return Measured(figures, records)
 
     def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
