@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -546,6 +547,41 @@ async def sequential(
     return out
 
 
+class Pacer:
+    """An open loop's clock: a thread of its own waits for each send time of a schedule and hands the event loop
+    the request's index at that moment (``call_soon_threadsafe`` wakes the loop at once); ``due()`` awaits the
+    next. The loop's own timers wait whole milliseconds (epoll's timeout is rounded up to one), so a request paced
+    by them leaves up to a millisecond late; the thread's wait has the clock's precision (tens of microseconds).
+    Indices due while the loop is busy wait in order; each request's lag is still its own (actual - scheduled)."""
+
+    def __init__(self, t0: float, schedule: list[float]) -> None:
+        self._t0, self._schedule = t0, schedule
+        self._queue: asyncio.Queue[int] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="speedmatrix-pacer", daemon=True)
+
+    def _run(self) -> None:
+        for i, at in enumerate(self._schedule):
+            wait = self._t0 + at - time.monotonic()
+            if wait > 0 and self._stop.wait(wait):
+                return
+            try:
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, i)
+            except RuntimeError:  # the loop has closed
+                return
+
+    async def due(self) -> int:
+        return await self._queue.get()
+
+    def __enter__(self) -> Pacer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+
 async def open_loop(
     base_url: str,
     model: str,
@@ -564,19 +600,19 @@ async def open_loop(
     async with session_for(None) as session:
         t0 = time.monotonic()
         last_report = 0.0
-        for i, at in enumerate(schedule):
-            wait = t0 + at - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            prompt, n, tags = _unpack(prompts[i])
-            rec = RequestRecord(index=i, worker=0, prompt_tokens=n, start=time.monotonic() - t0, **tags,
-                                scheduled=at, counted=counted(at), phase="" if counted(at) else "warmup")
-            records.append(rec)
-            tasks.append(asyncio.create_task(stream_completion(session, base_url, model, prompt, opts, rec, t0)))
-            if progress and rec.start - last_report >= 1.0:
-                last_report = rec.start
-                done = sum(1 for t in tasks if t.done())
-                progress(f"t={rec.start:.1f}s sent={len(records)} ended={done} "
-                         f"lag={1000 * (rec.start - at):.1f}ms")
+        with Pacer(t0, schedule) as pacer:
+            for _ in schedule:
+                i = await pacer.due()
+                at = schedule[i]
+                prompt, n, tags = _unpack(prompts[i])
+                rec = RequestRecord(index=i, worker=0, prompt_tokens=n, start=time.monotonic() - t0, **tags,
+                                    scheduled=at, counted=counted(at), phase="" if counted(at) else "warmup")
+                records.append(rec)
+                tasks.append(asyncio.create_task(stream_completion(session, base_url, model, prompt, opts, rec, t0)))
+                if progress and rec.start - last_report >= 1.0:
+                    last_report = rec.start
+                    done = sum(1 for t in tasks if t.done())
+                    progress(f"t={rec.start:.1f}s sent={len(records)} ended={done} "
+                             f"lag={1000 * (rec.start - at):.1f}ms")
         await asyncio.gather(*tasks)
     return t0, records
