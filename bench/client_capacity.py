@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+
+from client_overhead import _start_streamer  # noqa: E402
 
 from speedmatrix import peers  # noqa: E402
 from speedmatrix.serve.procs import free_port  # noqa: E402
@@ -85,18 +86,6 @@ def worker(ns: argparse.Namespace) -> int:
     r = asyncio.run(_ours(ns.url, ns.concurrency, ns.requests, ns.tokens, ns.rate))
     print(json.dumps(r))
     return 0
-
-
-def _start_streamer(port: int, core: int) -> subprocess.Popen:
-    cmd = ["taskset", "-c", str(core), sys.executable, str(REPO / "tests/fast_streamer.py"), str(port)]
-    proc = subprocess.Popen(cmd, start_new_session=True)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit("streamer did not start")
 
 
 def _cpu_s(pid: int) -> float:

@@ -84,8 +84,11 @@ def worker(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _start_streamer(port: int, core: int, *delay_args: str) -> subprocess.Popen:
-    cmd = ["taskset", "-c", str(core), sys.executable, str(REPO / "tests/fast_streamer.py"), str(port), *delay_args]
+def _start_streamer(port: int, core: int | None, *delay_args: str) -> subprocess.Popen:
+    """The local streamer (tests/fast_streamer.py) in a session of its own, pinned to ``core`` (None: not pinned);
+    returns once it accepts connections. The other bench scripts that measure a client start it here too."""
+    pin = ["taskset", "-c", str(core)] if core is not None else []
+    cmd = [*pin, sys.executable, str(REPO / "tests/fast_streamer.py"), str(port), *delay_args]
     proc = subprocess.Popen(cmd, start_new_session=True)
     for _ in range(100):
         try:

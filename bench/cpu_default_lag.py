@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+
+from client_overhead import _start_streamer  # noqa: E402
 
 from speedmatrix.serve.procs import free_port  # noqa: E402
 
@@ -50,18 +51,6 @@ def _hogs(n: int, nice: int) -> list[subprocess.Popen]:
         from speedmatrix.serve.broker import _lowered
         pre = _lowered(nice)
     return [subprocess.Popen([sys.executable, "-c", HOG], start_new_session=True, preexec_fn=pre) for _ in range(n)]
-
-
-def _streamer(port: int, gap_ms: float) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests/fast_streamer.py"), str(port), "--gap-ms",
-                             str(gap_ms)], start_new_session=True)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit("streamer did not start")
 
 
 async def _cell(url: str, rate: float, block: dict, seed: int) -> dict:
@@ -93,7 +82,7 @@ def main() -> int:
     block = yaml.safe_load(Path(ns.experiment).read_text())["workloads"]["rate"]
     cores = len(os.sched_getaffinity(0))
     port = free_port("127.0.0.1")
-    streamer = _streamer(port, ns.gap_ms)
+    streamer = _start_streamer(port, None, "--gap-ms", str(ns.gap_ms))
     url = f"http://127.0.0.1:{port}"
     conditions = {"idle": (0, 0), "busy": (cores, 0), "busy_niced": (cores, 10)}
     runs: dict = {c: {str(r): [] for r in block["rates"]} for c in conditions}
