@@ -94,7 +94,7 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_one(who: str, url: str, core: int, streamer_pid: int, concurrency: int, requests: int, tokens: int,
+def run_one(who: str, url: str, core: int | str, streamer_pid: int, concurrency: int, requests: int, tokens: int,
             rate: float | None, uvloop: bool = False) -> dict:
     """One client's run: its own figures, req/s and tok/s over its own duration, and the streamer's CPU share."""
     cpu0, t0 = _cpu_s(streamer_pid), time.monotonic()
@@ -124,6 +124,15 @@ def run_one(who: str, url: str, core: int, streamer_pid: int, concurrency: int, 
     r["req_s"] = done / duration if done and duration else None
     r["tok_s"] = r["total_output_tokens"] / duration if r.get("total_output_tokens") and duration else None
     return r
+
+
+def _core_set(spec: str) -> set[int]:
+    """taskset's list ("0-7,12") as a set of cores."""
+    out: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 def _median(rows: list[dict], key: str) -> float | None:
@@ -166,6 +175,9 @@ def main() -> int:
                     help="judge speedmatrix's open-loop steps by the achieved rate alone, as the others are (they "
                          "record no send lag)")
     ap.add_argument("--parts", default="closed,open,ingest")
+    ap.add_argument("--client-cores", default="",
+                    help="the cores every client runs on, as taskset takes them (e.g. 0-7 on a 16-core host; default: "
+                         "the first core); the streamer runs on another")
     ap.add_argument("--label", default="", help="a name for this run's figures (before, after)")
     ap.add_argument("--out", default=str(REPO / "bench/results/client_capacity.json"))
     ns = ap.parse_args()
@@ -178,7 +190,11 @@ def main() -> int:
     missing = [c for c in clients if c != OURS and peers.problems([c], {}, "bench")]
     if missing:
         raise SystemExit(f"not importable: {', '.join(missing)} (run `make peers`)")
-    client_core, streamer_core = cores[0], cores[1]
+    client_core = ns.client_cores or cores[0]
+    taken = _core_set(ns.client_cores) if ns.client_cores else {cores[0]}
+    streamer_core = next((c for c in cores if c not in taken), None)
+    if streamer_core is None:
+        raise SystemExit("no core left for the streamer: give the clients fewer (--client-cores)")
     parts = ns.parts.split(",")
     doc: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "label": ns.label, "host": platform.node(),
                  "cpu_model": _cpu_model(), "cores": len(cores), "client_core": client_core,
