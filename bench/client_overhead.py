@@ -99,6 +99,14 @@ def _start_streamer(port: int, core: int | None, *delay_args: str) -> subprocess
     raise SystemExit("streamer did not start")
 
 
+def two_cores() -> list[int]:
+    """This process's cores, at least two (one for the streamer, one for the client under test)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("needs two cores: one for the streamer, one for the client")
+    return cores
+
+
 def _run(who: str, url: str, core: int, c: int, n: int, tokens: int) -> dict:
     cmd = ["taskset", "-c", str(core), sys.executable, __file__, "--worker", who, "--url", url,
            "--concurrency", str(c), "--requests", str(n), "--tokens", str(tokens)]
@@ -126,9 +134,7 @@ def main() -> int:
     ns = ap.parse_args()
     if ns.worker:
         return worker(ns)
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        raise SystemExit("needs two cores: one for the streamer, one for the client")
+    cores = two_cores()
     client_core, streamer_core = cores[0], cores[1]
     clients = ("speedmatrix", "vllm_bench_serve")
     doc: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),

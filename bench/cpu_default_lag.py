@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from client_overhead import _start_streamer  # noqa: E402
 
+from speedmatrix.core import host  # noqa: E402
 from speedmatrix.serve.procs import free_port  # noqa: E402
 
 HOG = "while True: pass"
@@ -60,8 +61,7 @@ async def _cell(url: str, rate: float, block: dict, seed: int) -> dict:
                                warmup_s=float(block.get("warmup_s", 0)), seed=seed)
     schedule = arrival.schedule(1)
     opts = client.RequestOptions(max_tokens=int(block["max_tokens"]), ignore_eos=True, usage_per_chunk=False)
-    check = clientcheck.ClientCheck()
-    async with check.window():
+    async with clientcheck.ClientCheck() as check:
         _, records = await client.open_loop(url, "bench", [[1] * 16] * len(schedule), schedule, opts,
                                             counted=lambda t: arrivals.counted(t, arrival))
     lags = [max(0.0, r.start - r.scheduled) * 1000 for r in records if r.counted]
@@ -109,8 +109,7 @@ def main() -> int:
     summary = {cond: {rate: {k: statistics.median(r[k] for r in rows) for k in keys}
                       for rate, rows in by_rate.items()} for cond, by_rate in runs.items()}
     doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(), "cores": cores,
-           "cpu_model": next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                              if ln.startswith("model name")), platform.processor()),
+           "cpu_model": host.cpu_model(),
            "experiment": str(Path(ns.experiment).relative_to(REPO)), "rate_block": block, "gap_ms": ns.gap_ms,
            "rounds": ns.rounds, "medians": summary, "runs": runs}
     Path(ns.out).write_text(json.dumps(doc, indent=1) + "\n")

@@ -275,13 +275,10 @@ async def _repeats(session: aiohttp.ClientSession, cell: Cell, inp: MeasureInput
         if t_wall is None:
             t_wall = time.time()
             sampler.start()
-        t_measure = time.monotonic()
-        check = clientcheck.ClientCheck()
-        async with check.window():
+        async with clientcheck.ClientCheck() as check:
             measured = await cell.kind.measure(run, prepared)
-        took = time.monotonic() - t_measure
-        requests_s += took
-        client_check(measured.figures, check.figures(measured.records), inp.client, took)
+        requests_s += check.wall_s
+        client_check(measured.figures, check.figures(measured.records), inp.client, check.wall_s)
         for r in measured.records:  # request indices stay unique over the cell's repeats
             r.index += len(records)
             r.repeat = k

@@ -353,7 +353,7 @@ async def stream_completion(
     decoder = _Decoder(record)
     try:
         body = opts.payload(model, prompt, record.index, record.max_tokens)
-        async with session.post(f"{base_url}{opts.path}", json=body, trace_request_ctx=record,
+        async with session.post(f"{base_url}{opts.path}", json=body, trace_request_ctx=(record, t0),
                                 headers=auth_headers() if headers is None else headers) as resp:
             record.error = await _refused(resp)
             buf = b""
@@ -381,8 +381,6 @@ async def stream_completion(
         record.error = f"connection error: {type(exc).__name__}: {exc}"[:300]
     finally:
         record.end = time.monotonic() - t0
-        if record.sent is not None:  # the trace hook kept the monotonic clock's reading
-            record.sent -= t0
         record.text = "".join(decoder.parts)
         if opts.ignore_eos and opts.eos_text:
             at = record.text.find(opts.eos_text)
@@ -431,11 +429,12 @@ def _reconcile(record: RequestRecord, total: int) -> None:
 
 
 async def _body_sent(_session: aiohttp.ClientSession, ctx: Any, _params: Any) -> None:
-    """aiohttp's trace hook, as the request's body is written to the socket: its record keeps the moment
-    (the monotonic clock; ``stream_completion`` makes it relative to the cell's t0)."""
-    record = ctx.trace_request_ctx
-    if isinstance(record, RequestRecord) and record.sent is None:
-        record.sent = time.monotonic()
+    """aiohttp's trace hook, as the request's body is written to the socket: its record keeps the moment, since
+    the cell's t0 (``stream_completion`` hands both over as the request's trace context)."""
+    if ctx.trace_request_ctx is not None:
+        record, t0 = ctx.trace_request_ctx
+        if record.sent is None:
+            record.sent = time.monotonic() - t0
 
 
 def _tracing() -> aiohttp.TraceConfig:

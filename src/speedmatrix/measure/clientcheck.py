@@ -28,7 +28,7 @@ import asyncio
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .stats import percentile
 
@@ -62,19 +62,34 @@ def _machine_ticks() -> tuple[int, int] | None:
     return total - values[3] - values[4], total
 
 
+class _Marks(NamedTuple):
+    """The clocks a check reads at its start and at its end."""
+
+    wall: float
+    cpu: float
+    machine: tuple[int, int] | None
+    queued: float | None
+
+    @classmethod
+    def now(cls) -> _Marks:
+        return cls(time.monotonic(), time.process_time(), _machine_ticks(), _runqueue_s())
+
+
+def _share(part: float | None, whole: float | None) -> float | None:
+    return None if part is None or not whole else round(part / whole, 4)
+
+
 class ClientCheck:
-    """Measures the event loop's lag and the process's CPU share over one or more windows (``async with``
-    ``check.window()`` each); ``figures()`` sums them up. Lags are kept in milliseconds."""
+    """One measurement's check (``async with ClientCheck() as check``): the event loop's lag while it runs, the
+    clocks' differences from its start to its end; ``figures()`` after it. Lags are kept in milliseconds."""
 
     def __init__(self, tick_s: float = TICK_S) -> None:
         self.tick_s = tick_s
         self.lags_ms: list[float] = []
         self.wall_s = 0.0
-        self.cpu_s = 0.0
-        self.machine = [0, 0]  # busy, total jiffies over the windows
-        self.runqueue_s: float | None = 0.0
         self._task: asyncio.Task | None = None
-        self._marks: tuple[float, float, tuple[int, int] | None, float | None] | None = None
+        self._start: _Marks | None = None
+        self._end: _Marks | None = None
 
     async def _watch(self) -> None:
         lags, tick = self.lags_ms, self.tick_s
@@ -83,59 +98,32 @@ class ClientCheck:
             await asyncio.sleep(tick)
             lags.append(max(0.0, (time.monotonic() - asked - tick) * 1000))
 
-    def start(self) -> None:
-        self._marks = (time.monotonic(), time.process_time(), _machine_ticks(), _runqueue_s())
+    async def __aenter__(self) -> ClientCheck:
+        self._start = _Marks.now()
         self._task = asyncio.get_running_loop().create_task(self._watch())
+        return self
 
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
-        if self._marks is None:
-            return
-        wall0, cpu0, ticks0, queued0 = self._marks
-        self._marks = None
-        self.wall_s += time.monotonic() - wall0
-        self.cpu_s += time.process_time() - cpu0
-        queued1 = _runqueue_s()
-        if queued0 is None or queued1 is None or self.runqueue_s is None:
-            self.runqueue_s = None
-        else:
-            self.runqueue_s += queued1 - queued0
-        ticks1 = _machine_ticks()
-        if ticks0 is not None and ticks1 is not None:
-            self.machine[0] += ticks1[0] - ticks0[0]
-            self.machine[1] += ticks1[1] - ticks0[1]
-
-    def window(self) -> _Window:
-        return _Window(self)
+    async def __aexit__(self, *exc: object) -> None:
+        self._task.cancel()
+        self._end = _Marks.now()
+        self.wall_s = self._end.wall - self._start.wall
 
     def figures(self, records: list | None = None) -> dict[str, Any]:
-        """The window's figures; with the measurement's request records, their time inside the client at p95."""
-        lags = self.lags_ms
+        """The measurement's figures; with its request records, their time inside the client at p95."""
+        lags, a, b = self.lags_ms, self._start, self._end
         waits = [w * 1000 for w in (r.client_wait_s for r in records or ()) if w is not None]
+        queued = None if a.queued is None or b.queued is None else b.queued - a.queued
+        busy, total = ((b.machine[0] - a.machine[0], b.machine[1] - a.machine[1])
+                       if a.machine is not None and b.machine is not None else (None, None))
         return {
             "client_loop_lag_p50_ms": _round(percentile(lags, 50)),
             "client_loop_lag_p95_ms": _round(percentile(lags, 95)),
             "client_loop_lag_max_ms": _round(max(lags) if lags else None),
-            "client_cpu_share": _round(self.cpu_s / self.wall_s if self.wall_s > 0 else None, 4),
-            "client_runqueue_share": _round(self.runqueue_s / self.wall_s
-                                            if self.runqueue_s is not None and self.wall_s > 0 else None, 4),
-            "machine_busy_share": _round(self.machine[0] / self.machine[1] if self.machine[1] > 0 else None, 4),
+            "client_cpu_share": _share(b.cpu - a.cpu, self.wall_s),
+            "client_runqueue_share": _share(queued, self.wall_s),
+            "machine_busy_share": _share(busy, total),
             "client_wait_p95_ms": _round(percentile(waits, 95)),
         }
-
-
-class _Window:
-    def __init__(self, check: ClientCheck) -> None:
-        self.check = check
-
-    async def __aenter__(self) -> ClientCheck:
-        self.check.start()
-        return self.check
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.check.stop()
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:

@@ -13,8 +13,7 @@ class AIPerf(Peer):
     name = "aiperf"
     module = "aiperf"
     pin = "aiperf==0.13.0"
-    rates = True  # --request-rate with --arrival-pattern poisson, or gamma of --arrival-smoothness (vLLM's burstiness)
-    gamma = True
+    arrivals = ("poisson", "gamma")  # --request-rate, --arrival-pattern poisson or gamma (--arrival-smoothness)
     notes = ("synthetic prompts of the asked token count; sends no temperature unless told, so it is given "
              "temperature 0, ignore_eos and skip_special_tokens false as extra inputs; its first token is the "
              "first event with text (a request whose events all have empty text counts as failed); by default it "

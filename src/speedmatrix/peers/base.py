@@ -56,15 +56,15 @@ class Peer:
     module: ClassVar[str]  # what `python -m` runs; checked importable before any server starts
     pin: ClassVar[str]  # the version this project measured with (make peers installs it)
     notes: ClassVar[str]
-    rates: ClassVar[bool] = False  # it can send open-loop Poisson arrivals at a rate (Load.rate)
-    gamma: ClassVar[bool] = False  # and gamma gaps of another shape (Load.burstiness other than 1)
+    # the open-loop arrivals it sends at a rate (Load.rate): "poisson" (burstiness 1), "gamma" (another shape)
+    arrivals: ClassVar[tuple[str, ...]] = ()
 
     def can_send(self, load: dict[str, Any]) -> bool:
         """Whether it can send a load a cell asks for (``Workload.reference_load``): any closed loop; an open loop
-        where it sends rates, of a gamma shape where it draws gamma gaps."""
+        whose arrivals it draws."""
         if "rate" not in load:
             return True
-        return self.rates and (self.gamma or load.get("burstiness", 1.0) == 1.0)
+        return ("poisson" if load.get("burstiness", 1.0) == 1.0 else "gamma") in self.arrivals
 
     def argv(self, python: list[str], load: Load, work: Path, api_key: str | None) -> list[str]:
         """The command line; `work` is a private temporary folder (a key a client can only read from a file

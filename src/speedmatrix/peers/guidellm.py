@@ -18,7 +18,7 @@ class GuideLLM(Peer):
     name = "guidellm"
     module = "guidellm"
     pin = "guidellm==0.8.1"
-    rates = True  # a poisson profile at the rate; it draws no gamma gaps
+    arrivals = ("poisson",)  # a poisson profile at the rate; it draws no gamma gaps
     notes = ("synthetic prompts of the asked token count; sends no temperature unless told (given temperature 0 "
              "and skip_special_tokens false in the body); its first token is the first event with text; asks the "
              "server for usage on every chunk (continuous_usage_stats) and counts tokens from it; its output tok/s "

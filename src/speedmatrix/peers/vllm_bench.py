@@ -25,8 +25,7 @@ class VllmBenchServe(Peer):
              "output tokens from the server's usage; its first token is the first streamed event, text or not; "
              "ITL is every gap between streamed events")
 
-    rates = True  # --request-rate with --burstiness: gamma gaps (1: Poisson)
-    gamma = True
+    arrivals = ("poisson", "gamma")  # --request-rate with --burstiness: gamma gaps (1: Poisson)
 
     def argv(self, python: list[str], load: Load, work: Path, api_key: str | None) -> list[str]:
         load_args = (["--request-rate", str(load.rate), "--burstiness", str(load.burstiness)] if load.rate
