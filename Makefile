@@ -28,7 +28,7 @@ STAMP := $(VENV)/.speedmatrix-installed
 TEST_STAMP := $(VENV)/.speedmatrix-test-installed
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: run test test-fast install plan lint clean-results stop peers bundle
+.PHONY: run test test-fast install plan lint clean-results stop peers bundle version
 
 run: $(STAMP)
 	$(BIN)/snakemake --workflow-profile profiles/$(PROFILE) --config experiment=$(EXPERIMENT) $(GPUS_CONFIG) \
@@ -117,6 +117,22 @@ SETUPTOOLS_PIN := 78.1.1
 bundle: $(STAMP)
 	$(BIN)/speedmatrix bundle --target $(TARGET) --out $(BUNDLE) --also uv==$(UV_PIN) \
 		--also setuptools==$(SETUPTOOLS_PIN) --also pip==$(PIP_PIN) $(BUNDLE_ARGS)
+
+# Another vLLM release, for a comparison between releases (docs/gpu.md): `make version VERSION=<name>` makes
+# .versions/<name>/ pinned by envs/versions/<name>.lock; an experiment serves from it with
+# runtime.command: [.versions/<name>/bin/vllm, serve]. With WHEELS= from a bundle that carried the lock
+# (`BUNDLE_ARGS="--env envs/versions/<name>.lock"`), no index is asked; ENGINE=cuda: it sees the host's own
+# packages (its torch), as .venv does.
+VERSION ?=
+version:
+	@test -n "$(VERSION)" || { echo "make version: say which, e.g. VERSION=vllm-cuda-0.26.0 (envs/versions/)"; exit 2; }
+	$(MAKE) .versions/$(VERSION)/.installed
+.versions/%/.installed: envs/versions/%.lock
+	$(PYTHON) -m venv .versions/$*
+	$(if $(filter cuda,$(ENGINE)),$(PYTHON) -c "import site; print(*site.getsitepackages(), sep=chr(10))" \
+		> "$$(.versions/$*/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_host_site.pth",true)
+	.versions/$*/bin/python -m pip install --disable-pip-version-check $(PIP_EXTRA) -r envs/versions/$*.lock
+	touch $@
 
 # The independent clients the `reference` rule and `speedmatrix agree` measure beside speedmatrix
 # (AIPerf, GuideLLM): each in its own virtual environment under .peers/, pinned by envs/peers/*.lock

@@ -49,7 +49,7 @@ from speedmatrix.serve.procs import free_port  # noqa: E402
 OURS = "speedmatrix"
 CLIENTS = (OURS, "vllm_bench_serve", "aiperf", "guidellm")
 PROMPT_TOKENS = 16
-TOKENIZER = REPO / "resources/models/tiny-gemma4-trained"
+TOKENIZER = REPO / "src/speedmatrix/data/models/tiny-gemma4-trained"  # the shipped target: its tokenizer
 KEEP_SHARE = 0.95  # the open loop's achieved rate must be at least this share of the offered
 LAG_LIMIT_MS = 1.0  # and speedmatrix's send lag p95 at most this
 

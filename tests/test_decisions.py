@@ -67,6 +67,8 @@ def test_goodput_counts_only_the_requests_that_met_every_limit():
     got = slo.evaluate(reqs, t, window_s=2.0)
     assert (got["judged_requests"], got["met_requests"], got["attainment"]) == (4, 1, 0.25)
     assert got["goodput_rps"] == 0.5 and got["goodput_tok_s"] == 101 / 2.0
+    # the tokens of the met request over all the output tokens: a useful token cost the energy of 3 (303 / 101)
+    assert got["goodput_token_share"] == pytest.approx(101 / 303)
     # p50 by nearest rank: TTFTs 50, 50, 150 and the failure (late) -> 50; TPOTs 8.5, 9.5, 19.5, late -> 9.5
     assert got["p_ttft_ms"] == 50 and got["p_tpot_ms"] == 9.5 and got["slo_met"] is True
 

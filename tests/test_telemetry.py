@@ -103,3 +103,17 @@ def test_roofline_against_the_datasheet_bandwidth():
     assert telemetry.peak_bandwidth_tb_s("NVIDIA H100 PCIe") == 2.0  # the longest match wins
     assert telemetry.roofline(56.6, "Some Unknown GPU", 17.7) is None
     assert telemetry.roofline(None, "NVIDIA H200", 17.7) is None
+
+
+def test_idle_power_before_a_server_and_the_energy_above_it(stub_nvml):
+    idle = telemetry.idle_power({"CUDA_VISIBLE_DEVICES": "0"}, seconds=0.5)
+    assert idle["gpu_idle_power_w"] == 300.0 and [g["index"] for g in idle["gpu_idle_per_gpu"]] == [0]
+    # a window at 400 W of which 300 W is idle: a quarter of each token's energy was the serving's
+    assert telemetry.above_idle(2.0, 400.0, 300.0) == pytest.approx(0.5)
+    assert telemetry.above_idle(2.0, 250.0, 300.0) == 0.0  # below idle (a cooler GPU): nothing above it
+    assert telemetry.above_idle(2.0, 400.0, None) is None  # no idle reading (an older run): no figure
+
+
+def test_without_nvml_there_is_no_idle_reading(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert telemetry.idle_power(seconds=0.01) is None

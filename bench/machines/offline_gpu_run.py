@@ -9,13 +9,19 @@ CUDA torch in a venv, no package index, takes commands of at most 10 minutes, ca
 with each command and returns files from $OUT. On a GPU host you can copy a folder to, none of this is needed:
 docs/gpu.md, "A GPU host with no package index". Below, R is bench/machines/offline_gpu_run.py.
 
-    python3 $R build [--peers]          # here: the bundle in .gk/bundle/, cut into .gk/b00, .gk/b01, ...
-                                        # (--peers: AIPerf and GuideLLM too, the reference rule's clients)
+    python3 $R build [--peers] [--env LOCK] [--part 40m]
+        # here: the bundle in .gk/bundle/, cut into .gk/b00, .gk/b01, ... (--peers: AIPerf and GuideLLM too, the
+        # reference rule's clients; --env envs/versions/X.lock: another vLLM release, installed there in
+        # .versions/X/ by `make version`; --part: the size of a part, what one command carries beside the tree)
     python3 $R plan [EXPERIMENT] [--kind K]   # here: the remote commands, one per line
-    python3 $R start EXPERIMENT # there: join the parts, install from the bundle, start the workflow detached
+    python3 $R start EXPERIMENT [EXPERIMENT ...]
+        # there: join the parts, install from the bundle, start the workflow detached; several experiments run
+        # one after another in one results folder (one results store); one named again is measured again from
+        # nothing, the earlier run's folder kept as EXPERIMENT@1
         # [--until reference]: only the jobs that rule needs (the reference jobs and their server)
     python3 $R wait EXPERIMENT  # there: wait (< 9 min) for it; when done, pack results into $OUT
-    python3 $R collect TARBALL EXPERIMENT   # here: file the results under docs/results/
+    python3 $R collect TARBALL EXPERIMENT [--folder EXPERIMENT@1] [--dest DIR]
+        # here: file the results under docs/results/ (--folder: which run of the tarball)
     python3 $R rederive TARBALL EXPERIMENT --policy flag_only --suffix -flag-only
         # here: the loop verdicts, matrix, decisions and report again from the returned cells under another
         # loop policy (the code of the loops, aggregate and report rules; no measurement is repeated)
@@ -72,13 +78,14 @@ def build(ns: argparse.Namespace) -> int:
     if "/.gk/" not in (exclude.read_text() if exclude.exists() else ""):
         with exclude.open("a") as f:
             f.write("/.gk/\n")
-    args = f"--host-has {HOST_PACKAGES}" + "".join(f" --peers {lock}" for lock in (PEER_LOCKS if ns.peers else []))
+    locks = (PEER_LOCKS if ns.peers else []) + ns.env
+    args = f"--host-has {HOST_PACKAGES}" + "".join(f" --env {lock}" for lock in locks)
     if not (BUNDLE / "bundle.json").exists():
         sh(["make", "bundle", "TARGET=cuda", f"BUNDLE={BUNDLE}", f"BUNDLE_ARGS={args}"], cwd=REPO)
     for old in KIT.glob("b[0-9][0-9]"):
         old.unlink()
     # the wheels are compressed already: the parts are one plain tar, cut
-    subprocess.run(f"tar -cf - -C {BUNDLE} . | split -b {PART} -d -a 2 - {KIT}/b", shell=True, check=True)
+    subprocess.run(f"tar -cf - -C {BUNDLE} . | split -b {ns.part} -d -a 2 - {KIT}/b", shell=True, check=True)
     for p in sorted(KIT.glob("b[0-9][0-9]")):
         print(p.name, p.stat().st_size)
     return 0
@@ -127,24 +134,51 @@ def unpack() -> None:
         if done.returncode:
             print(Path(f"{WORK}/install.log").read_text(errors="replace")[-4000:])
             raise SystemExit(done.returncode)
-    if json.loads((ON_HOST / "bundle.json").read_text()).get("peers") and not (REPO / ".peers").exists():
+    manifest = json.loads((ON_HOST / "bundle.json").read_text())
+    envs = manifest.get("envs", manifest.get("peers", []))  # bundles made before --env named them peers
+    if any(e.startswith("envs/peers/") for e in envs) and not (REPO / ".peers").exists():
         subprocess.run(["make", "peers", f"WHEELS={ON_HOST}", f"PYTHON={sys.executable}"], cwd=REPO, env=_env(),
                        check=True)
+    for name in (Path(e).stem for e in envs if e.startswith("envs/versions/")):
+        if (REPO / ".versions" / name / ".installed").exists():
+            continue
+        t0 = time.monotonic()
+        with open(f"{WORK}/install-{name}.log", "ab") as log:
+            done = subprocess.run(["make", "version", f"VERSION={name}", f"WHEELS={ON_HOST}", "ENGINE=cuda",
+                                   f"PYTHON={sys.executable}"], cwd=REPO, env=_env(), stdout=log,
+                                  stderr=subprocess.STDOUT)
+        print(f"make version VERSION={name}: exit {done.returncode} in {time.monotonic() - t0:.0f} s "
+              f"(log {WORK}/install-{name}.log)", flush=True)
+        if done.returncode:
+            print(Path(f"{WORK}/install-{name}.log").read_text(errors="replace")[-4000:])
+            raise SystemExit(done.returncode)
+        subprocess.run([str(REPO / ".versions" / name / "bin" / "python"), "-c", "import torch, vllm; print('vllm', "
+                        "vllm.__version__, 'torch', torch.__version__, torch.cuda.is_available())"], env=_env(),
+                       check=True, cwd=REPO)
 
 
 def start(ns: argparse.Namespace) -> int:
     unpack()
     until = ["--until", *ns.until] if ns.until else []
-    # targets before --config (which takes every word after it)
-    targets = [f"{results_dir(ns)}/{ns.experiment}/{t}" for t in ns.target]
-    cmd = [str(PY), "-m", "snakemake", "--profile", "profiles/default", *targets, *until, "--config",
-           f"experiment={ns.experiment}", f"results_dir={results_dir(ns)}", f"models_dir={WORK}/models", *ns.set]
+    root = results_dir(ns)
+    steps, seen = [], {}
+    for experiment in ns.experiment:
+        if experiment in seen:  # measured again from nothing; the earlier run's folder kept beside it
+            seen[experiment] += 1
+            steps.append(f"mv {root}/{experiment} {root}/{experiment}@{seen[experiment]}")
+        seen.setdefault(experiment, 0)
+        # targets before --config (which takes every word after it)
+        targets = [f"{root}/{experiment}/{t}" for t in ns.target]
+        steps.append(" ".join([str(PY), "-m", "snakemake", "--profile", "profiles/default", *targets, *until,
+                               "--config", f"experiment={experiment}", f"results_dir={root}",
+                               f"models_dir={WORK}/models", *ns.set]) + "; codes=\"$codes $?\"")
     log = open(f"{WORK}/run{ns.tag}.log", "ab")
     subprocess.run([str(PY), "-c", "import torch, vllm, snakemake, altair; print('vllm', vllm.__version__, 'torch', "
                     "torch.__version__, torch.cuda.is_available())"], env=_env(), check=True, cwd=REPO)
     cpus = cpu_list(ns.cpus) if ns.cpus else None
     delay = f"sleep {ns.delay_s:g}; " if ns.delay_s else ""
-    proc = subprocess.Popen(["bash", "-c", f"{delay}{' '.join(cmd)}; echo $? > {WORK}/rc{ns.tag}"], stdout=log,
+    chain = "; ".join(steps)
+    proc = subprocess.Popen(["bash", "-c", f"{delay}codes=; {chain}; echo $codes > {WORK}/rc{ns.tag}"], stdout=log,
                             stderr=subprocess.STDOUT, cwd=REPO, env=_env(), start_new_session=True,
                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     print(f"workflow started (pid {proc.pid}{f', cores {ns.cpus}' if cpus else ''}"
@@ -226,13 +260,15 @@ def wait(ns: argparse.Namespace) -> int:
         return 0
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
-    res = Path(f"{results_dir(ns)}/{ns.experiment}")
-    with tarfile.open(out / f"results{ns.tag}.tar.gz", "w:gz") as tar:
-        tar.add(res, arcname=ns.experiment, filter=lambda t: None if "/store/" in t.name else t)
+    root = Path(results_dir(ns))
+    with tarfile.open(out / f"results{ns.tag}.tar.gz", "w:gz") as tar:  # every run of the folder, and its store
+        for res in sorted(root.iterdir()):
+            tar.add(res, arcname=res.name, filter=lambda t: None if "/store/" in t.name else t)
     shutil.copy(f"{WORK}/run{ns.tag}.log", out / f"run{ns.tag}.log")
     subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv"],
                    stdout=open(out / "nvidia-smi.csv", "w"))
-    state = f"workflow exit {rc_file.read_text().strip()}" if rc_file.exists() else "still running: packed what it has"
+    state = (f"workflow exits {rc_file.read_text().strip()}" if rc_file.exists()
+             else "still running: packed what it has")
     print(f"{state}; packed {out / f'results{ns.tag}.tar.gz'}")
     return 0
 
@@ -246,9 +282,12 @@ KEEP = ("matrix.parquet", "decisions.parquet", "requests.parquet", "report.md", 
 def collect(ns: argparse.Namespace) -> int:
     dest = Path(ns.dest).resolve() if ns.dest else REPO / "docs" / "results" / ns.experiment
     dest.mkdir(parents=True, exist_ok=True)
+    folder = ns.folder or ns.experiment
     with tarfile.open(ns.tarball) as tar:
         for m in tar.getmembers():
-            rel = m.name.split("/", 1)[1] if "/" in m.name else ""
+            top, _, rel = m.name.partition("/")
+            if top != folder:
+                continue
             keep = (rel in KEEP or (rel.startswith("charts/") and rel.endswith(".png"))
                     or rel.startswith("reference/") or rel.endswith(("startup.json", "launch.json", "p2p.json"))
                     or (rel.startswith(("cells/", "loops/")) and rel.endswith(".json")))
@@ -312,13 +351,17 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build")
     b.add_argument("--peers", action="store_true", help="carry AIPerf and GuideLLM too (the reference rule, agree)")
+    b.add_argument("--env", action="append", default=[], metavar="LOCK",
+                   help="another environment's lock whose wheels go too (envs/versions/*.lock: another vLLM release)")
+    b.add_argument("--part", default=PART, help=f"the size of a part (default {PART}); with less of the tree "
+                   "carried beside it, a part can be larger")
     b.set_defaults(func=build)
     pl = sub.add_parser("plan")
     pl.add_argument("experiment", nargs="?", default="h200-gemma4-31b-shape")
     pl.add_argument("--kind", default="nvidia-h200", help="the device kind (nvidia-h200-x2 for the TP-2 run)")
     pl.set_defaults(func=plan)
     s = sub.add_parser("start")
-    s.add_argument("experiment")
+    s.add_argument("experiment", nargs="+", help="one or more, run one after another in one results folder")
     s.add_argument("--tag", default="", help="a suffix for the results folder, log and tarball (e.g. -serial)")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="more workflow config, e.g. gpus=1 (one undivided device: one server at a time)")
@@ -348,6 +391,8 @@ def main() -> int:
     c.add_argument("tarball")
     c.add_argument("experiment")
     c.add_argument("--dest", help="file them here, not in docs/results/<experiment>/ (a second run beside the first)")
+    c.add_argument("--folder", help="the tarball's folder to file (default: the experiment's; EXPERIMENT@1: its "
+                   "earlier run)")
     c.set_defaults(func=collect)
     r = sub.add_parser("rederive")
     r.add_argument("tarball")

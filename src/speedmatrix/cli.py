@@ -243,7 +243,7 @@ def cmd_bundle(ns: argparse.Namespace) -> int:
 
     host = bundle.host_has(ns.host_has) if ns.host_has else None
     manifest = bundle.build(ns.target, ns.out, without=tuple(ns.without), also=tuple(ns.also),
-                            peers=tuple(ns.peers), host=host, log=lambda m: print(m, file=sys.stderr))
+                            envs=tuple(ns.envs), host=host, log=lambda m: print(m, file=sys.stderr))
     print(f"{ns.out}: {bundle.summary(manifest)}")
     print(f"install a clone from it with no package index: make install WHEELS={ns.out}"
           + ("" if manifest["engine"] == "cpu" else f" ENGINE={manifest['engine']}"))
@@ -541,8 +541,10 @@ def _add_bundle(sub) -> None:
                     "(bundle.json lists both)")
     bu.add_argument("--also", action="append", default=[], metavar="REQUIREMENT",
                     help="a pinned requirement carried beside the lock (the installer, the build backend)")
-    bu.add_argument("--peers", action="append", default=[], type=Path, metavar="LOCK",
-                    help="an independent client's lock file (envs/peers/*.lock) whose wheels go too")
+    bu.add_argument("--env", "--peers", dest="envs", action="append", default=[], type=Path, metavar="LOCK",
+                    help="another environment's lock file whose wheels go too: an independent client's "
+                    "(envs/peers/*.lock: `make peers`) or another vLLM release's (envs/versions/*.lock: "
+                    "`make version`); --peers is the same option")
     bu.set_defaults(func=cmd_bundle)
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 from .. import workloads
 from ..core import atomic
 from ..judge import decide
-from ..measure import clientcheck, slo, stats
+from ..measure import clientcheck, slo, stats, telemetry
 
 TELEMETRY_COLUMNS = [
     "gpu_name", "gpu_count", "gpu_power_w", "gpu_energy_j", "gpu_energy_per_output_token_j", "gpu_sm_util_pct",
@@ -112,6 +112,10 @@ COLUMNS: list[C] = [
     C("goodput_tok_s"), C("goodput_tok_s_ci_low"), C("goodput_tok_s_ci_high"),
     # GPU telemetry over the measurement window (NVML; null where absent) and the decode roofline
     *(C(c, RESULT) for c in TELEMETRY_COLUMNS), C("gpu_per_gpu"), C("model_weights_gib", PROVENANCE),
+    # energy per useful token: what the server's GPUs drew idle before it started; the window's energy per output
+    # token above that; the window's energy over the tokens of the requests that met the first target
+    C("gpu_idle_power_w", PROVENANCE), C("gpu_energy_above_idle_per_output_token_j"),
+    C("goodput_token_share"), C("gpu_energy_per_goodput_token_j"),
     # each workload kind's own columns (prefix cache: the cold pass; decode: the roofline)
     *(C(c) for name in workloads.names() for c in workloads.get(name).matrix_columns),
 ]
@@ -153,6 +157,8 @@ def matrix_row(cell: dict[str, Any], loops: dict[str, Any]) -> dict[str, Any]:
         "delivery": stats.delivery_kind(res.get("delivery_burst_share")),
         "slurm_job_id": (prov.get("scheduler") or {}).get("SLURM_JOB_ID"),
         "gpu_per_gpu": json.dumps(res["gpu_per_gpu"]) if res.get("gpu_per_gpu") else None,
+        "gpu_energy_above_idle_per_output_token_j": telemetry.above_idle(
+            res.get("gpu_energy_per_output_token_j"), res.get("gpu_power_w"), prov.get("gpu_idle_power_w")),
         **kind.matrix_fields(spec, res, prov),
     }
 
@@ -162,7 +168,7 @@ DECISION_COLUMNS = [
     "sweep_point", "status", "slo", "slo_definition", "percentile", "ttft_limit_ms", "tpot_limit_ms",
     "e2e_limit_ms", "judged_requests", "met_requests", "attainment", "slo_met", "p_ttft_ms", "p_tpot_ms",
     "p_e2e_ms", "goodput_rps", "goodput_tok_s", "goodput_tok_s_ci_low", "goodput_tok_s_ci_high",
-    "goodput_repeats",
+    "goodput_repeats", "goodput_token_share",
 ]
 
 
@@ -203,7 +209,11 @@ def build(cells: Iterable[str | Path], loops: Iterable[str | Path], requests: It
             first = found[0]
             row.update(slo=first["slo"], slo_met=first["slo_met"], slo_attainment=first["attainment"],
                        **{k: first[k] for k in ("goodput_rps", "goodput_tok_s", "goodput_tok_s_ci_low",
-                                                "goodput_tok_s_ci_high")})
+                                                "goodput_tok_s_ci_high", "goodput_token_share")})
+            share = first["goodput_token_share"]
+            per_token = row.get("gpu_energy_per_output_token_j")
+            if per_token is not None and share:
+                row["gpu_energy_per_goodput_token_j"] = per_token / share
         decided += found
         rows.append(row)
     matrix = pd.DataFrame(rows, columns=MATRIX_COLUMNS)

@@ -45,6 +45,8 @@ def provenance(startup: dict[str, Any], runtime_lock: dict[str, Any], launch: di
         "launch_argv": startup.get("argv"),
         # GiB of weights on each GPU, from the server's log (the decode roofline's numerator)
         "model_weights_gib": startup.get("model_weights_gib"),
+        # what the server's GPUs drew before it started (W, NVML; None on the CPU): energy above idle
+        "gpu_idle_power_w": startup.get("gpu_idle_power_w"),
         # the node's GPUs the server held (a GPU pool; None: the whole device)
         "server_gpus": startup.get("gpus"),
         "models": launch.get("models"),

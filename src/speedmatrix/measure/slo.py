@@ -181,6 +181,9 @@ def evaluate(reqs: pd.DataFrame, t: Target, window_s: float | None) -> dict[str,
         **{f"p_{k}": pcts.get(k) for k in LIMITS},
         "goodput_rps": float((met & fig["completed"]).sum() / window_s) if ok_window else None,
         "goodput_tok_s": float(fig["output_tokens"][met].sum() / window_s) if ok_window else None,
+        # the share of the output tokens that came from requests that met the target (energy per goodput token)
+        "goodput_token_share": (float(fig["output_tokens"][met].sum() / fig["output_tokens"].sum())
+                                if fig["output_tokens"].sum() else None),
     }
 
 

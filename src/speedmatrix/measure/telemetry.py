@@ -195,6 +195,30 @@ class Sampler:
         return out
 
 
+def idle_power(env: dict[str, str] | None = None, seconds: float = 3.0) -> dict[str, Any] | None:
+    """The power of the GPUs a server will use, sampled for ``seconds`` before it starts (None without NVML):
+    what they draw doing nothing, so that a cell's energy above idle can be read (``above_idle``)."""
+    sampler = Sampler(interval_s=0.2, env=env)
+    if not sampler.available:
+        return None
+    sampler.start()
+    time.sleep(seconds)
+    summary = sampler.stop()
+    if not summary:
+        return None
+    return {"gpu_idle_power_w": summary["gpu_power_w"], "gpu_idle_window_s": summary["window_s"],
+            "gpu_idle_per_gpu": [{k: r[k] for k in ("index", "name", "power_w_mean") if k in r}
+                                 for r in summary["per_gpu"]]}
+
+
+def above_idle(per_token_j: float | None, power_w: float | None, idle_w: float | None) -> float | None:
+    """Energy per token above what the GPUs draw idle: the window's energy per token times the share of its
+    mean power above the idle power (both over the server's GPUs)."""
+    if per_token_j is None or not power_w or idle_w is None:
+        return None
+    return per_token_j * max(0.0, power_w - idle_w) / power_w
+
+
 def peak_bandwidth_tb_s(gpu_name: str | None) -> float | None:
     """The GPU's peak memory bandwidth (TB/s) from data/gpu_peaks.yaml, matched on NVML's name."""
     if not gpu_name:

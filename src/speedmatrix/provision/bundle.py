@@ -102,12 +102,13 @@ def host_has(freeze: Path) -> dict[str, str]:
 
 
 def build(target_name: str, out: Path, *, without: tuple[str, ...] = (), also: tuple[str, ...] = (),
-          peers: tuple[Path, ...] = (), host: dict[str, str] | None = None, log=print) -> dict:
+          envs: tuple[Path, ...] = (), host: dict[str, str] | None = None, log=print) -> dict:
     """Download the target's wheels into ``out/wheels`` and describe them in ``out/bundle.json``.
 
     ``without``: packages the host already has (left out of the wheels and of constraints.lock); ``also``:
-    requirements added beside the lock (the installer and the build backend, pinned by the caller); ``peers``:
-    the independent clients' lock files, each carried too (their own virtual environments on the host); ``host``:
+    requirements added beside the lock (the installer and the build backend, pinned by the caller); ``envs``:
+    other environments' lock files, each carried too (their own virtual environments on the host: the
+    independent clients', another vLLM release's); ``host``:
     what the host has installed (``host_has``): a package it has at the lock's own version is left out (the
     install uses the host's copy), one it has at another version is carried (both listed in the manifest)."""
     if target_name not in TARGETS:
@@ -135,7 +136,7 @@ def build(target_name: str, out: Path, *, without: tuple[str, ...] = (), also: t
     platform = [f"--python-version={target.python}", "--implementation=cp", "--only-binary=:all:",
                 *(f"--platform={p}" for p in target.platforms)] if target.python else []
     t0 = time.monotonic()
-    sets = [out / "constraints.lock", *peers]
+    sets = [out / "constraints.lock", *envs]
     for reqs in sets:
         todo = out / f".download-{reqs.stem}.txt"
         todo.write_text("\n".join(_requirement(r) for r in pinned(reqs) if _name(r) not in left_out) + "\n")
@@ -164,7 +165,7 @@ def build(target_name: str, out: Path, *, without: tuple[str, ...] = (), also: t
         "host_differs": {_name(r): {"lock": _version(r), "host": host[_name(r)]} for r in pinned(lock)
                          if _name(r) in host and _name(r) not in left_out},
         "also": list(also),
-        "peers": [str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in peers],
+        "envs": [str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in envs],
         "wheels": {p.name: _sha256(p) for p in files},
         "bytes": sum(p.stat().st_size for p in files),
         "seconds": round(time.monotonic() - t0, 1),
