@@ -208,3 +208,21 @@ def test_published_figures_of_named_cells_beside_the_runs():
     hit = named[named["status"].notna()].iloc[0]
     assert hit["total_tok_s_ratio"] == pytest.approx(1.1) and hit["p95_ttft_ms_ratio"] == pytest.approx(1.0)
     assert "**1 of " in markdown(regression.reproduction_blocks(found))
+
+
+def test_acceptance_and_energy_stand_side_by_side_beside_the_verdict():
+    from speedmatrix.report import regression
+
+    cell = {"server_id": "mtp2", "cell_id": "decode-ctx128-c1"}
+    base = pd.DataFrame([{**cell, "spec_acceptance_rate": 0.61, "total_tok_s": 200.0,
+                          "gpu_energy_per_output_token_j": 0.5, "gpu_energy_per_goodput_token_j": 0.625}])
+    new = pd.DataFrame([{**cell, "spec_acceptance_rate": 0.64, "total_tok_s": 210.0,
+                         "gpu_energy_per_output_token_j": 0.45, "gpu_energy_per_goodput_token_j": None}])
+    t = regression.beside_table(base, new)
+    assert t.columns[:4] == ["Server config", "Cell", "acceptance (base)", "acceptance (new)"]
+    assert "above idle (base)" not in t.columns  # neither run recorded it
+    assert t.rows == [["mtp2", "decode-ctx128-c1", "61.0%", "64.0%", "200.0", "210.0", "0.5 J", "0.45 J",
+                       "0.625 J", "—"]]
+    # no speculation and no GPU in either run: nothing to put beside the verdict
+    plain = pd.DataFrame([{**cell, "total_tok_s": 200.0}])
+    assert regression.beside_table(plain, plain) is None

@@ -152,8 +152,9 @@ def cmd_regress(ns: argparse.Namespace) -> int:
     others = ([], []) if ns.alone else regression.siblings(ns.store, base, new)
     table = regress.regress(base_cells, base_reqs, new_cells, new_reqs, min_effect, ns.noise_multiple, others)
     if ns.out:
-        print(f"wrote {regression.write(ns.out, table, base, new)} (and regress.html, regress.csv)", file=sys.stderr)
-    print(markdown(regression.blocks(table, base, new)))
+        print(f"wrote {regression.write(ns.out, table, base, new, (base_cells, new_cells))} (and regress.html, "
+              "regress.csv)", file=sys.stderr)
+    print(markdown(regression.blocks(table, base, new, cells=(base_cells, new_cells))))
     code = regress.exit_code(table)
     if code:
         print("speedmatrix regress: a cell is significantly slower beyond its minimum effect (exit 1)",

@@ -57,7 +57,44 @@ def verdict_table(table: pd.DataFrame) -> Table:
     return t
 
 
-def blocks(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any], level: int = 1) -> list[Block]:
+def _joules(v: Any) -> str:
+    return fmt.whole(v, "{:.4g} J")
+
+
+# beside the verdict, each run's own figures (no interval, no verdict): what speculation accepted and what a token
+# cost the GPU, where a run recorded them
+BESIDE = (("spec_acceptance_rate", "acceptance", fmt.pct), ("total_tok_s", "output tok/s", fmt.num),
+          ("gpu_energy_per_output_token_j", "energy per output token", _joules),
+          ("gpu_energy_above_idle_per_output_token_j", "above idle", _joules),
+          ("gpu_energy_per_goodput_token_j", "per goodput token", _joules))
+
+
+def beside_table(base_cells: pd.DataFrame, new_cells: pd.DataFrame) -> Table | None:
+    """Each cell both runs measured: its acceptance rate and energy per token in each run, side by side (None when
+    neither run recorded any: no speculation, no GPU)."""
+    if not len(base_cells) or not len(new_cells):
+        return None
+    both = base_cells.merge(new_cells, on=["server_id", "cell_id"], suffixes=("_base", "_new"))
+    shown = [(col, label, show) for col, label, show in BESIDE
+             if any(f"{col}_{s}" in both and both[f"{col}_{s}"].notna().any() for s in ("base", "new"))]
+    if not any(col != "total_tok_s" for col, _, _ in shown):
+        return None
+    t = Table(["Server config", "Cell", *(f"{label} ({side})" for _, label, _ in shown for side in ("base", "new"))])
+    for _, r in both.sort_values(["server_id", "cell_id"]).iterrows():
+        t.add(r["server_id"], r["cell_id"], *(show(r.get(f"{col}_{side}")) for col, _, show in shown
+                                              for side in ("base", "new")))
+    return t
+
+
+def blocks(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any], level: int = 1,
+           cells: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> list[Block]:
+    beside = beside_table(*cells) if cells is not None else None
+    extra: list[Block] = [] if beside is None else [
+        Heading(level + 1, "Speculation and energy in each run"),
+        Para("As each run recorded them, for the cells both measured: the server's speculative acceptance rate, "
+             "output tok/s, the GPU energy per output token over the measurement window, its part above what the "
+             "GPU drew idle before the server started, and the energy over only the tokens of requests that met "
+             "the first latency target. Not judged: read them beside the verdicts above."), beside]
     return [Heading(level, f"Against run {base['run_id']}"), Para(answer(table)),
             Bullets([f"Base: {_run_line(base)}", f"New: {_run_line(new)}"]),
             Para("Each figure from the cell's requests (counted in its window, no error, no warm-up); the change's "
@@ -67,14 +104,16 @@ def blocks(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any], level
                  "the same runtime where there are some). Latency figures only where both runs' tokens streamed as "
                  "made. Cells measured differently, searches, and cells without a figure in either run are not "
                  "compared."),
-            verdict_table(table)]
+            verdict_table(table), *extra]
 
 
-def write(out: str | Path, table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any]) -> Path:
-    """regress.md, regress.html and regress.csv (every figure's row) into ``out``."""
+def write(out: str | Path, table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any],
+          cells: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> Path:
+    """regress.md, regress.html and regress.csv (every figure's row) into ``out``; ``cells``: both runs' cells,
+    for their acceptance and energy side by side."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = blocks(table, base, new)
+    doc = blocks(table, base, new, cells=cells)
     atomic.write_bytes(out / "regress.md", markdown(doc).encode())
     atomic.write_bytes(out / "regress.html", html_page(doc, f"Against run {base['run_id']}").encode())
     table.to_csv(out / "regress.csv", index=False)
@@ -265,4 +304,4 @@ def against_blocks(ref: str, history_path: str | Path | None, results_dir: Path)
     base, bc, br = side(ref, history_path)
     new, nc, nr = store.manifest(results_dir)
     table = rg.regress(bc, br, nc, nr, siblings=siblings(history_path, base, new))
-    return blocks(table, base, new, level=2)
+    return blocks(table, base, new, level=2, cells=(bc, nc))
