@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""The GPU round of two vLLM releases, energy per useful token and the client at a GPU's request rates: file what
+one H200 run returned and write the summary every figure of its README comes from.
+
+    python3 bench/h200_round4.py file TARBALL     # the runs under docs/results/h200-round4/, the verdicts, summary.md
+    python3 bench/h200_round4.py summary          # summary.md again from what the folder holds
+
+The run (bench/machines/offline_gpu_run.py `start` with the experiments below, one after another in one results
+folder and store) measures, in this order: h200-round4-client-at-gpu-rates (vLLM 0.25.1), h200-round4-releases
+(0.25.1), h200-round4-releases-vllm-0.26.0, h200-round4-releases again (the run against itself). Here:
+
+- each run's folder is filed under docs/results/h200-round4/<name>/ (matrix, decisions, requests, report, cells,
+  loop verdicts, server start-ups, locks) by offline_gpu_run's `collect`;
+- ``history.sqlite``: the results store the runs joined there;
+- ``regress-releases/``: `speedmatrix regress` 0.25.1 -> 0.26.0; ``regress-self/``: 0.25.1 -> 0.25.1 again;
+- ``summary.md``: the tables the README cites (idle power, energy per output / goodput token, losslessness,
+  the open-loop steps with the client check beside vllm bench serve's achieved rates).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+DEST = REPO / "docs" / "results" / "h200-round4"
+RUNNER = REPO / "bench" / "machines" / "offline_gpu_run.py"
+BIN = REPO / ".venv" / "bin"
+RELEASES = "h200-round4-releases"
+# the tarball's folders -> where they are filed (the first run of a rerun experiment is kept as NAME@1)
+NAMES = {"h200-round4-client-at-gpu-rates": "client-at-gpu-rates", f"{RELEASES}-vllm-0.26.0": "vllm-0.26.0"}
+
+
+def folders(tar: tarfile.TarFile) -> list[str]:
+    return sorted({m.name.split("/", 1)[0] for m in tar.getmembers() if "/" in m.name})
+
+
+def file_runs(tarball: Path) -> dict[str, str]:
+    """Each run of the tarball into DEST/<name>/; returns folder -> name."""
+    with tarfile.open(tarball) as tar:
+        found = folders(tar)
+        names = dict(NAMES)
+        again = f"{RELEASES}@1" in found  # the releases experiment ran twice: its first run is NAME@1
+        names[f"{RELEASES}@1"] = "vllm-0.25.1"
+        names[RELEASES] = "vllm-0.25.1-again" if again else "vllm-0.25.1"
+        store = next((m for m in tar.getmembers() if m.name == "history.sqlite"), None)
+        if store is not None:
+            DEST.mkdir(parents=True, exist_ok=True)
+            (DEST / "history.sqlite").write_bytes(tar.extractfile(store).read())
+    filed = {}
+    for folder in found:
+        if folder not in names:
+            continue
+        experiment = folder.split("@")[0]
+        subprocess.run([sys.executable, str(RUNNER), "collect", str(tarball), experiment, "--folder", folder,
+                        "--dest", str(DEST / names[folder])], check=True, stdout=subprocess.DEVNULL)
+        filed[folder] = names[folder]
+    return filed
+
+
+def run_ids() -> dict[str, str]:
+    """name -> the store's run id: the runs in the order they started (the releases experiment's first run is
+    0.25.1, its second the run against itself)."""
+    sys.path.insert(0, str(REPO / "src"))
+    from speedmatrix.history import store
+
+    runs = store.runs(DEST / "history.sqlite").sort_values("started_at")
+    out = {}
+    for r in runs.itertuples():
+        if r.experiment == RELEASES:
+            out["vllm-0.25.1-again" if "vllm-0.25.1" in out else "vllm-0.25.1"] = r.run_id
+        elif r.experiment in NAMES:
+            out[NAMES[r.experiment]] = r.run_id
+    return out
+
+
+def verdicts(ids: dict[str, str]) -> dict[str, int]:
+    codes = {}
+    for out, base, new in (("regress-releases", "vllm-0.25.1", "vllm-0.26.0"),
+                           ("regress-self", "vllm-0.25.1", "vllm-0.25.1-again")):
+        if base not in ids or new not in ids:
+            continue
+        done = subprocess.run([str(BIN / "speedmatrix"), "regress", ids[base], ids[new], "--store",
+                               str(DEST / "history.sqlite"), "--out", str(DEST / out)], capture_output=True, text=True)
+        (DEST / out / "printed.md").write_text(done.stdout)
+        codes[out] = done.returncode
+    return codes
+
+
+def _table(frame: pd.DataFrame) -> str:
+    cols = list(frame.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in frame.itertuples(index=False):
+        lines.append("| " + " | ".join("—" if pd.isna(v) else (f"{v:.4g}" if isinstance(v, float) else str(v))
+                                       for v in row) + " |")
+    return "\n".join(lines)
+
+
+def _startups(name: str) -> pd.DataFrame:
+    rows = []
+    for f in sorted((DEST / name / "servers").glob("*/startup.json")):
+        d = json.loads(f.read_text())
+        rows.append({"run": name, "server": f.parent.name, "vLLM": d.get("vllm_version"),
+                     "started": d.get("started_at"), "start s": d.get("startup_seconds"),
+                     "idle power W": d.get("gpu_idle_power_w")})
+    return pd.DataFrame(rows)
+
+
+def summary() -> Path:
+    runs = [n for n in ("vllm-0.25.1", "vllm-0.26.0", "vllm-0.25.1-again", "client-at-gpu-rates")
+            if (DEST / n / "matrix.parquet").exists()]
+    out = ["# h200-round4: what the run's files say (written by bench/h200_round4.py from the folders beside it)", ""]
+    starts = pd.concat([_startups(n) for n in runs], ignore_index=True) if runs else pd.DataFrame()
+    out += ["## Server starts and the GPU's idle power before each", "",
+            "From each run's `servers/<config>/startup.json` (`gpu_idle_power_w`: NVML, 3 s before the server "
+            "started).", "", _table(starts) if len(starts) else "(none)", ""]
+    energy = []
+    for n in runs[:3] if "client-at-gpu-rates" in runs else runs:
+        if n == "client-at-gpu-rates":
+            continue
+        m = pd.read_parquet(DEST / n / "matrix.parquet")
+        for r in m.sort_values(["server_id", "cell_id"]).itertuples():
+            energy.append({"run": n, "server": r.server_id, "cell": r.cell_id, "status": r.status,
+                           "output tok/s": r.total_tok_s, "GPU W": r.gpu_power_w,
+                           "J / output token": r.gpu_energy_per_output_token_j,
+                           "J above idle / output token": r.gpu_energy_above_idle_per_output_token_j,
+                           "goodput token share": r.goodput_token_share,
+                           "J / goodput token": r.gpu_energy_per_goodput_token_j,
+                           "acceptance": r.spec_acceptance_rate})
+    out += ["## Energy per output token and per goodput token", "",
+            "From each run's `matrix.parquet` (the median of the cell's repeats; goodput: the requests that met "
+            "the experiment's target `tiny_h200`, p90 TTFT 50 ms and TPOT 8 ms).", "",
+            _table(pd.DataFrame(energy)) if energy else "(none)", ""]
+    lossless = []
+    for n in runs:
+        m = pd.read_parquet(DEST / n / "matrix.parquet")
+        spec = m[m["spec_tokens"].fillna(0) > 0].drop_duplicates("server_id")
+        for r in spec.itertuples():
+            lossless.append({"run": n, "server": r.server_id, "setting": r.lossless_setting,
+                             "verdict": r.lossless_verdict, "share below floor": r.lossless_share_below_floor,
+                             "twin's share": r.lossless_twin_share_below_floor, "why": r.lossless_reason})
+    out += ["## Does speculation keep the target's output on CUDA?", "",
+            "From each run's `matrix.parquet` (`lossless_*`: the losslessness check of each speculative config "
+            "against the config without speculation, at the cells' sampling).", "",
+            _table(pd.DataFrame(lossless)) if lossless else "(none)", ""]
+    if "client-at-gpu-rates" in runs:
+        m = pd.read_parquet(DEST / "client-at-gpu-rates" / "matrix.parquet").sort_values("offered_rate_rps")
+        ref = {}
+        for f in (DEST / "client-at-gpu-rates" / "reference").glob("*/*.json"):
+            d = json.loads(f.read_text())
+            med = (d.get("medians") or {}).get("vllm_bench_serve") or {}
+            if med.get("duration"):
+                ref[d["cell"]["cell_id"]] = {"vllm bench serve req/s": med["completed"] / med["duration"],
+                                             "its tok/s": med.get("output_throughput"),
+                                             "its CPU s / wall s": (med.get("client_cpu_s") or 0)
+                                             / (med.get("process_wall_s") or float("nan"))}
+        rows = []
+        for r in m.itertuples():
+            rows.append({"cell": r.cell_id, "offered req/s": r.offered_rate_rps, "achieved req/s": r.achieved_rate_rps,
+                         "status": r.status, "output tok/s": r.total_tok_s, "median TTFT ms": r.ttft_ms,
+                         "send lag p95 ms": r.schedule_lag_p95_ms, "loop lag p95 ms": r.client_loop_lag_p95_ms,
+                         "client CPU": r.client_cpu_share, "run-queue": r.client_runqueue_share,
+                         "machine busy": r.machine_busy_share, "client wait p95 ms": r.client_wait_p95_ms,
+                         **ref.get(r.cell_id, {})})
+        out += ["## The client at a GPU's request rates", "",
+                "From `client-at-gpu-rates/matrix.parquet` (speedmatrix's cells, the client check on each) and "
+                "`client-at-gpu-rates/reference/*/*.json` (vllm bench serve sending the same arrivals, one round: "
+                "its completed requests over its duration).", "", _table(pd.DataFrame(rows)), ""]
+    path = DEST / "summary.md"
+    path.write_text("\n".join(out))
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("file")
+    f.add_argument("tarball", type=Path)
+    sub.add_parser("summary")
+    ns = ap.parse_args()
+    if ns.cmd == "file":
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / ns.tarball.name
+            shutil.copyfile(ns.tarball, local)
+            print(json.dumps(file_runs(local)))
+        ids = run_ids()
+        print(json.dumps({"runs": ids, "regress_exit": verdicts(ids)}))
+        (DEST / "runs.json").write_text(json.dumps(ids, indent=1) + "\n")
+    print(f"wrote {summary().relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
