@@ -4,6 +4,7 @@ with the package index switched off (`make install WHEELS=...`), as on a GPU hos
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -50,6 +51,27 @@ def test_a_hosts_package_list_leaves_out_what_it_has_at_the_locks_version(tmp_pa
     assert "\ntorch==" not in constraints and f"transformers=={lock['transformers']}" in constraints
     with pytest.raises(BundleError, match="pip list --format=freeze"):
         bundle.host_has(tmp_path / "missing.txt")
+
+
+def test_another_release_carries_its_own_pins_where_the_host_has_another_version(tmp_path, monkeypatch):
+    """`--env LOCK` (another vLLM release's environment): its pins are left out only where the host has that very
+    version, not because the main lock left out another version of the same package (vLLM 0.26.0 pins protobuf
+    6.33.6; the H200 host and the main lock have 7.36.2: the host's copy would not do)."""
+    asked = {}
+
+    def record(*args, log=print):
+        if args[0] == "download":
+            asked[Path(args[args.index("-r") + 1]).name] = Path(args[args.index("-r") + 1]).read_text().split()
+
+    monkeypatch.setattr(bundle, "_pip", record)
+    env = REPO / "envs/versions/vllm-cuda-0.26.0.lock"
+    host = bundle.host_has(REPO / "bench/machines/h200-host-packages.txt")
+    manifest = bundle.build("cuda", tmp_path / "b", envs=(env,), host=host, log=lambda m: None)
+    main, other = asked[".download-constraints.txt"], asked[".download-vllm-cuda-0.26.0.txt"]
+    assert "protobuf" in manifest["left_out"] and not any(r.startswith("protobuf==") for r in main)
+    assert "protobuf==6.33.6" in other and "vllm==0.26.0" in other
+    assert not any(r.startswith("torch==") for r in other)  # the host's torch 2.11.0 is the release's own pin
+    assert manifest["envs"] == ["envs/versions/vllm-cuda-0.26.0.lock"]
 
 
 def test_an_unknown_target_and_a_folder_that_is_no_bundle_say_what_to_do(tmp_path):

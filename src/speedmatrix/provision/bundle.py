@@ -136,10 +136,15 @@ def build(target_name: str, out: Path, *, without: tuple[str, ...] = (), also: t
     platform = [f"--python-version={target.python}", "--implementation=cp", "--only-binary=:all:",
                 *(f"--platform={p}" for p in target.platforms)] if target.python else []
     t0 = time.monotonic()
-    sets = [out / "constraints.lock", *envs]
-    for reqs in sets:
+    def carried(r: str) -> bool:
+        """Another environment's pin: left out only as the target's are (a --without pattern, or the host has it
+        at that pin's own version), not because the target's lock left out another version of it."""
+        return not (any(fnmatch.fnmatch(_name(r), p) for p in patterns) or host.get(_name(r)) == _version(r))
+
+    todo_sets = [(out / "constraints.lock", lambda r: _name(r) not in left_out), *((e, carried) for e in envs)]
+    for reqs, wanted in todo_sets:
         todo = out / f".download-{reqs.stem}.txt"
-        todo.write_text("\n".join(_requirement(r) for r in pinned(reqs) if _name(r) not in left_out) + "\n")
+        todo.write_text("\n".join(_requirement(r) for r in pinned(reqs) if wanted(r)) + "\n")
         try:
             _pip("download", "--no-deps", "--dest", str(wheels), "-r", str(todo), *platform, log=log)
         except BundleError:
