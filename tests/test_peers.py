@@ -209,3 +209,20 @@ def test_clients_that_time_the_first_text_see_a_model_that_emits_only_special_to
         assert row["median_ttft_ms"] > 0, (who, row)
     sent = [b for b in bodies if b.get("max_tokens") == 8]
     assert len(sent) >= 8 and all(b["skip_special_tokens"] is False and b["temperature"] == 0 for b in sent)
+
+
+def test_speedmatrix_round_keeps_whether_its_client_kept_up_and_what_failed():
+    """The reference document's speedmatrix round keeps, beside the compared figures, its client check and its
+    failures by kind: at a load past the server's saturation a round that lost requests says why, and whether the
+    client was the bottleneck."""
+    from speedmatrix.jobs import reference
+
+    result = {"completed": 6859, "output_throughput": 8614.6, "status": "client_bound",
+              "status_reason": "loop lag p95 60 ms", "errors_by_kind": {"ServerDisconnectedError": 1447},
+              "schedule_lag_p95_ms": 310.0, "client_loop_lag_p95_ms": 60.0, "client_cpu_share": 0.5,
+              "machine_busy_share": None}
+    row = reference._ours(result)
+    assert row["completed"] == 6859 and row["output_throughput"] == 8614.6
+    assert row["check"]["errors_by_kind"] == {"ServerDisconnectedError": 1447}
+    assert row["check"]["status"] == "client_bound" and row["check"]["client_loop_lag_p95_ms"] == 60.0
+    assert "machine_busy_share" not in row["check"]  # not measured: left out, not null

@@ -28,6 +28,7 @@ from .. import peers
 from ..core import atomic
 from ..core.errors import ConfigError
 from ..core.settings import ClientSettings
+from ..measure import clientcheck
 from ..measure.client import api_key
 from . import cells
 from .job import JobContext
@@ -71,8 +72,14 @@ def clients_for(cell: cells.Cell, names: list[str]) -> tuple[list[str], list[str
     return [n for n in names if table[n].can_send(load)], [n for n in names if not table[n].can_send(load)]
 
 
+# what speedmatrix's own round keeps beside the compared figures: whether its client kept up (the client check and,
+# in an open loop, how late requests left against their schedule) and what failed, by kind
+CHECK = ("status", "status_reason", "errors_by_kind", "schedule_lag_p95_ms", *clientcheck.FIGURES)
+
+
 def _ours(result: dict[str, Any]) -> dict[str, Any]:
-    return {k: result.get(k) for k in peers.FIELDS}
+    return {**{k: result.get(k) for k in peers.FIELDS},
+            "check": {k: result[k] for k in CHECK if result.get(k) is not None}}
 
 
 def short_round(row: dict[str, Any], asked: int | None) -> str | None:
