@@ -157,6 +157,10 @@ def test_reference_rule_with_three_other_clients_on_the_real_server(tmp_path):
         # every client finished the 8 requests and counted the server's 16 tokens each
         assert row["completed"] == 8 and row["total_output_tokens"] == 8 * 16, (who, row)
         assert row["output_throughput"] > 0 and row["median_ttft_ms"] > 0 and row["client_cpu_s"] >= 0
+    # speedmatrix's round says whether its client kept up: the client check of the cell, and its status
+    check = doc["runs"]["speedmatrix"][0]["check"]
+    assert check["status"] in ("valid", "client_bound") and 0 <= check["client_cpu_share"]
+    assert "client_loop_lag_p95_ms" in check and "machine_busy_share" in check
     report = (tmp_path / "results/peers/report.md").read_text()
     assert "## Agreement with other clients" in report and "| base | capacity-ctx128-c4 | guidellm | 1 |" in report
     assert wait_no_vllm(30) == []
