@@ -2,8 +2,8 @@
 """The GPU round of two vLLM releases, energy per useful token and the client at a GPU's request rates: file what
 one H200 run returned and write the summary every figure of its README comes from.
 
-    python3 bench/h200_round4.py file TARBALL     # the runs under docs/results/h200-round4/, the verdicts, summary.md
-    python3 bench/h200_round4.py summary          # summary.md again from what the folder holds
+    .venv/bin/python bench/h200_round4.py file TARBALL  # the runs in docs/results/h200-round4/, verdicts, summary.md
+    .venv/bin/python bench/h200_round4.py summary        # summary.md again from what the folder holds
 
 The run (bench/machines/offline_gpu_run.py `start` with the experiments below, one after another in one results
 folder and store) measures, in this order: h200-round4-client-at-gpu-rates (vLLM 0.25.1), h200-round4-releases
@@ -68,7 +68,9 @@ def file_runs(tarball: Path) -> dict[str, str]:
 
 def run_ids() -> dict[str, str]:
     """name -> the store's run id: the runs in the order they started (the releases experiment's first run is
-    0.25.1, its second the run against itself)."""
+    0.25.1, its second the run against itself). None came back without the store (a run cut short)."""
+    if not (DEST / "history.sqlite").exists():
+        return {}
     sys.path.insert(0, str(REPO / "src"))
     from speedmatrix.history import store
 
@@ -95,6 +97,22 @@ def verdicts(ids: dict[str, str]) -> dict[str, int]:
     return codes
 
 
+# matrix column -> the summary's heading
+ENERGY = (("total_tok_s", "output tok/s"), ("gpu_power_w", "GPU W"), ("gpu_idle_power_w", "idle W"),
+          ("gpu_energy_per_output_token_j", "J / output token"),
+          ("gpu_energy_above_idle_per_output_token_j", "J above idle / output token"),
+          ("goodput_token_share", "goodput token share"), ("gpu_energy_per_goodput_token_j", "J / goodput token"),
+          ("spec_acceptance_rate", "acceptance"))
+LOSSLESS = (("lossless_setting", "setting"), ("lossless_verdict", "verdict"),
+            ("lossless_share_below_floor", "share below floor"),
+            ("lossless_twin_share_below_floor", "twin's share"), ("lossless_reason", "why"))
+RATES = (("offered_rate_rps", "offered req/s"), ("achieved_rate_rps", "achieved req/s"), ("status", "status"),
+         ("total_tok_s", "output tok/s"), ("ttft_ms", "median TTFT ms"), ("schedule_lag_p95_ms", "send lag p95 ms"),
+         ("client_loop_lag_p95_ms", "loop lag p95 ms"), ("client_cpu_share", "client CPU"),
+         ("client_runqueue_share", "run-queue"), ("machine_busy_share", "machine busy"),
+         ("client_wait_p95_ms", "client wait p95 ms"))
+
+
 def _table(frame: pd.DataFrame) -> str:
     cols = list(frame.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -118,23 +136,20 @@ def summary() -> Path:
     runs = [n for n in ("vllm-0.25.1", "vllm-0.26.0", "vllm-0.25.1-again", "client-at-gpu-rates")
             if (DEST / n / "matrix.parquet").exists()]
     out = ["# h200-round4: what the run's files say (written by bench/h200_round4.py from the folders beside it)", ""]
-    starts = pd.concat([_startups(n) for n in runs], ignore_index=True) if runs else pd.DataFrame()
+    filed = [n for n in ("vllm-0.25.1", "vllm-0.26.0", "vllm-0.25.1-again", "client-at-gpu-rates")
+             if (DEST / n / "servers").is_dir()]
+    starts = pd.concat([_startups(n) for n in filed], ignore_index=True) if filed else pd.DataFrame()
     out += ["## Server starts and the GPU's idle power before each", "",
             "From each run's `servers/<config>/startup.json` (`gpu_idle_power_w`: NVML, 3 s before the server "
             "started).", "", _table(starts) if len(starts) else "(none)", ""]
     energy = []
-    for n in runs[:3] if "client-at-gpu-rates" in runs else runs:
+    for n in runs:
         if n == "client-at-gpu-rates":
             continue
         m = pd.read_parquet(DEST / n / "matrix.parquet")
-        for r in m.sort_values(["server_id", "cell_id"]).itertuples():
-            energy.append({"run": n, "server": r.server_id, "cell": r.cell_id, "status": r.status,
-                           "output tok/s": r.total_tok_s, "GPU W": r.gpu_power_w,
-                           "J / output token": r.gpu_energy_per_output_token_j,
-                           "J above idle / output token": r.gpu_energy_above_idle_per_output_token_j,
-                           "goodput token share": r.goodput_token_share,
-                           "J / goodput token": r.gpu_energy_per_goodput_token_j,
-                           "acceptance": r.spec_acceptance_rate})
+        for r in m.sort_values(["server_id", "cell_id"]).to_dict("records"):
+            energy.append({"run": n, "server": r["server_id"], "cell": r["cell_id"], "status": r["status"],
+                           **{label: r.get(col) for col, label in ENERGY}})
     out += ["## Energy per output token and per goodput token", "",
             "From each run's `matrix.parquet` (the median of the cell's repeats; goodput: the requests that met "
             "the experiment's target `tiny_h200`, p90 TTFT 50 ms and TPOT 8 ms).", "",
@@ -143,10 +158,8 @@ def summary() -> Path:
     for n in runs:
         m = pd.read_parquet(DEST / n / "matrix.parquet")
         spec = m[m["spec_tokens"].fillna(0) > 0].drop_duplicates("server_id")
-        for r in spec.itertuples():
-            lossless.append({"run": n, "server": r.server_id, "setting": r.lossless_setting,
-                             "verdict": r.lossless_verdict, "share below floor": r.lossless_share_below_floor,
-                             "twin's share": r.lossless_twin_share_below_floor, "why": r.lossless_reason})
+        for r in spec.to_dict("records"):
+            lossless.append({"run": n, "server": r["server_id"], **{label: r.get(col) for col, label in LOSSLESS}})
     out += ["## Does speculation keep the target's output on CUDA?", "",
             "From each run's `matrix.parquet` (`lossless_*`: the losslessness check of each speculative config "
             "against the config without speculation, at the cells' sampling).", "",
@@ -156,20 +169,20 @@ def summary() -> Path:
         ref = {}
         for f in (DEST / "client-at-gpu-rates" / "reference").glob("*/*.json"):
             d = json.loads(f.read_text())
+            # its median over rounds, else its one round as it ended (a failed round says so)
+            rounds = (d.get("runs") or {}).get("vllm_bench_serve") or [{}]
             med = (d.get("medians") or {}).get("vllm_bench_serve") or {}
-            if med.get("duration"):
-                ref[d["cell"]["cell_id"]] = {"vllm bench serve req/s": med["completed"] / med["duration"],
-                                             "its tok/s": med.get("output_throughput"),
-                                             "its CPU s / wall s": (med.get("client_cpu_s") or 0)
-                                             / (med.get("process_wall_s") or float("nan"))}
+            row = med if med.get("duration") else rounds[0]
+            if row.get("duration"):
+                ref[d["cell"]["cell_id"]] = {"vllm bench serve req/s": row["completed"] / row["duration"],
+                                             "its tok/s": row.get("output_throughput"),
+                                             "its CPU s / wall s": (row.get("client_cpu_s") or 0)
+                                             / (row.get("process_wall_s") or float("nan")),
+                                             "its round": "failed" if row.get("error") else "ok"}
         rows = []
-        for r in m.itertuples():
-            rows.append({"cell": r.cell_id, "offered req/s": r.offered_rate_rps, "achieved req/s": r.achieved_rate_rps,
-                         "status": r.status, "output tok/s": r.total_tok_s, "median TTFT ms": r.ttft_ms,
-                         "send lag p95 ms": r.schedule_lag_p95_ms, "loop lag p95 ms": r.client_loop_lag_p95_ms,
-                         "client CPU": r.client_cpu_share, "run-queue": r.client_runqueue_share,
-                         "machine busy": r.machine_busy_share, "client wait p95 ms": r.client_wait_p95_ms,
-                         **ref.get(r.cell_id, {})})
+        for r in m.to_dict("records"):
+            rows.append({"cell": r["cell_id"], **{label: r.get(col) for col, label in RATES},
+                         **ref.get(r["cell_id"], {})})
         out += ["## The client at a GPU's request rates", "",
                 "From `client-at-gpu-rates/matrix.parquet` (speedmatrix's cells, the client check on each) and "
                 "`client-at-gpu-rates/reference/*/*.json` (vllm bench serve sending the same arrivals, one round: "
@@ -185,7 +198,9 @@ def main() -> int:
     f = sub.add_parser("file")
     f.add_argument("tarball", type=Path)
     sub.add_parser("summary")
+    ap.add_argument("--dest", type=Path, default=DEST, help="the folder (default docs/results/h200-round4)")
     ns = ap.parse_args()
+    globals()["DEST"] = ns.dest.resolve()
     if ns.cmd == "file":
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp) / ns.tarball.name
@@ -194,7 +209,7 @@ def main() -> int:
         ids = run_ids()
         print(json.dumps({"runs": ids, "regress_exit": verdicts(ids)}))
         (DEST / "runs.json").write_text(json.dumps(ids, indent=1) + "\n")
-    print(f"wrote {summary().relative_to(REPO)}")
+    print(f"wrote {summary()}")
     return 0
 
 

@@ -295,7 +295,7 @@ def collect(ns: argparse.Namespace) -> int:
                 target = dest / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(tar.extractfile(m).read())
-                print("kept", target.relative_to(REPO))
+                print("kept", target.relative_to(REPO) if target.is_relative_to(REPO) else target)
     return 0
 
 
