@@ -327,8 +327,8 @@ def test_decisions_targets_goodput_frontier_and_search(full_run):
 
 def test_the_losslessness_check_of_each_speculative_config(full_run):
     """mtp2 and ngram2 against base on the real engine: greedy outputs token-identical; sampled MTP on vLLM for
-    the CPU 0.32.0 emits tokens the target would hardly give (bench/results/spec_lossless/), so its sampled
-    cell is Lossy, kept out of the decisions and the frontier, and said in the report."""
+    the CPU 0.32.0 has emitted tokens the target would hardly give (bench/results/spec_lossless/), and then its
+    sampled cell is Lossy, kept out of the decisions and the frontier, and said in the report."""
     work, proc, _, _ = full_run
     assert proc.returncode == 0
     res = work / "results" / FULL
@@ -345,25 +345,33 @@ def test_the_losslessness_check_of_each_speculative_config(full_run):
                 assert v["verdict"] == "lossless" and v["identical"] == v["requests"] == 16, v
                 assert v["tokens"] == v["twin_tokens"] and v["differences"] == []
     sampled = [v for v in checks["verdict-mtp2.json"]["settings"] if not v["greedy"]]
-    assert len(sampled) == 1 and sampled[0]["verdict"] == "lossy", sampled
-    assert sampled[0]["share_below_floor"] > sampled[0]["twin_share_below_floor"] + 0.02
+    assert len(sampled) == 1, sampled
+    v = sampled[0]
+    # Sampled MTP on vLLM for the CPU 0.32.0 was Lossy in every run before (bench/results/spec_lossless/: a fifth of
+    # its tokens below the floor) but not in one CI run (bench/results/spec_lossless/ci-6d7948b-verdict-mtp2.json.gz:
+    # the twin's share, acceptance 32 %): whichever it is, the verdict follows its figures and the run follows it
+    lossy = v["share_below_floor"] > v["twin_share_below_floor"] + 0.02
+    assert v["verdict"] == ("lossy" if lossy else "lossless"), v
     m = pd.read_parquet(res / "matrix.parquet").set_index(["server_id", "cell_id"])
     cell = "decode-ctx128-c4-temp0.7"
-    assert m.loc[("mtp2", cell), "status"] == "lossy" and m.loc[("mtp2", cell), "lossless_verdict"] == "lossy"
-    assert "not the target's" in m.loc[("mtp2", cell), "status_reason"]
+    assert m.loc[("mtp2", cell), "lossless_verdict"] == v["verdict"]
     assert m.loc[("base", cell), "status"] != "lossy" and pd.isna(m.loc[("base", cell), "lossless_verdict"])
     greedy_spec = m[(m.spec_tokens > 0) & (m.status != "over_capacity") & (m.index.get_level_values(1) != cell)]
     assert (greedy_spec.lossless_verdict == "lossless").all()
-    # a Lossy cell is no decision's and not on the frontier
+    report = (res / "report.md").read_text()
+    assert "### Does speculation keep the output?" in report
+    assert f"| `mtp2` | `base` | temperature 0.7, top_p 0.95 | {v['verdict'].capitalize()}" in report
     d = pd.read_parquet(res / "decisions.parquet")
+    if not lossy:
+        assert m.loc[("mtp2", cell), "status"] != "lossy" and "benchmark speculation there greedy" not in report
+        return
+    assert m.loc[("mtp2", cell), "status"] == "lossy" and "not the target's" in m.loc[("mtp2", cell), "status_reason"]
+    # a Lossy cell is no decision's and not on the frontier
     assert (d[(d.server_id == "mtp2") & (d.cell_id == cell)].status == "lossy").all()
     best = decide.best_configs(d)
     assert not ((best.best_server == "mtp2") & (best.best_cell == cell)).any()
     on_pareto = m.loc[("mtp2", cell), "on_pareto"]
     assert pd.isna(on_pareto) or not on_pareto
-    report = (res / "report.md").read_text()
-    assert "### Does speculation keep the output?" in report
-    assert "| `mtp2` | `base` | temperature 0.7, top_p 0.95 | Lossy" in report
     assert "benchmark speculation there greedy" in report
 
 
