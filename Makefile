@@ -65,6 +65,9 @@ UV_EXTRA := --no-index --find-links $(abspath $(WHEELS))/wheels
 PIP_EXTRA := --no-index --find-links $(abspath $(WHEELS))/wheels
 CONSTRAINTS := $(abspath $(WHEELS))/constraints.lock
 endif
+# host_site,VENV: VENV sees the site-packages of the Python that made it (ENGINE=cuda below, and `make version`)
+host_site = $(PYTHON) -c "import site; print(*site.getsitepackages(), sep=chr(10))" \
+	> "$$($(1)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_host_site.pth"
 # ENGINE: the vLLM beside the package. cpu: vLLM for the CPU and its CPU torch (the embedded default);
 # cuda: vLLM for CUDA from a cuda bundle, in a venv that also sees the host's own packages (its torch).
 ENGINE ?= cpu
@@ -73,8 +76,7 @@ ifeq ($(ENGINE),cuda)
 # also works where that Python is itself a venv's): the host's torch, CUDA libraries and whatever else
 # a bundle left out (--host-has, --without). pip installs here, not uv: pip takes a package the host
 # already has as installed, uv's resolver looks only in the bundle's folder and fails on it.
-HOST_SITE := $(PYTHON) -c "import site; print(*site.getsitepackages(), sep=chr(10))" \
-	> "$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_host_site.pth"
+HOST_SITE := $(call host_site,$(VENV))
 INSTALL := $(BIN)/python -m pip install --disable-pip-version-check $(PIP_EXTRA)
 WITH_ENGINE := -e . vllm
 WITH_TEST := -e '.[test]' vllm
@@ -129,8 +131,7 @@ version:
 	$(MAKE) .versions/$(VERSION)/.installed
 .versions/%/.installed: envs/versions/%.lock
 	$(PYTHON) -m venv .versions/$*
-	$(if $(filter cuda,$(ENGINE)),$(PYTHON) -c "import site; print(*site.getsitepackages(), sep=chr(10))" \
-		> "$$(.versions/$*/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_host_site.pth",true)
+	$(if $(filter cuda,$(ENGINE)),$(call host_site,.versions/$*),true)
 	.versions/$*/bin/python -m pip install --disable-pip-version-check $(PIP_EXTRA) -r envs/versions/$*.lock
 	touch $@
 

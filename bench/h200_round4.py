@@ -114,12 +114,14 @@ RATES = (("offered_rate_rps", "offered req/s"), ("achieved_rate_rps", "achieved 
 
 
 def _table(frame: pd.DataFrame) -> str:
-    cols = list(frame.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    """A frame as the project's markdown table (speedmatrix.core.table), figures to four significant digits."""
+    sys.path.insert(0, str(REPO / "src"))
+    from speedmatrix.core.table import Table, markdown
+
+    t = Table(list(frame.columns))
     for row in frame.itertuples(index=False):
-        lines.append("| " + " | ".join("—" if pd.isna(v) else (f"{v:.4g}" if isinstance(v, float) else str(v))
-                                       for v in row) + " |")
-    return "\n".join(lines)
+        t.add(*("—" if pd.isna(v) else (f"{v:.4g}" if isinstance(v, float) else v) for v in row))
+    return markdown([t]).strip()
 
 
 def _startups(name: str) -> pd.DataFrame:

@@ -114,6 +114,19 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _make(args: list[str], log_path: str) -> None:
+    """`make ARGS` with this Python, its output in LOG_PATH; its exit and time said, its log's tail on failure."""
+    t0 = time.monotonic()
+    with open(log_path, "ab") as log:
+        done = subprocess.run(["make", *args, f"PYTHON={sys.executable}"], cwd=REPO, env=_env(), stdout=log,
+                              stderr=subprocess.STDOUT)
+    print(f"make {' '.join(args)}: exit {done.returncode} in {time.monotonic() - t0:.0f} s (log {log_path})",
+          flush=True)
+    if done.returncode:
+        print(Path(log_path).read_text(errors="replace")[-4000:])
+        raise SystemExit(done.returncode)
+
+
 def unpack() -> None:
     """There: join the parts into the bundle and install this clone from it (`make install WHEELS=... ENGINE=cuda`:
     a .venv that sees the host's own packages, every other package from the bundle, no index), once a host."""
@@ -125,15 +138,7 @@ def unpack() -> None:
         subprocess.run(f"cat {' '.join(map(str, parts))} | tar -xf - -C {ON_HOST}", shell=True, check=True)
     Path(WORK).mkdir(parents=True, exist_ok=True)
     if not (REPO / ".venv" / ".speedmatrix-installed").exists():
-        t0 = time.monotonic()
-        with open(f"{WORK}/install.log", "ab") as log:
-            done = subprocess.run(["make", "install", f"WHEELS={ON_HOST}", "ENGINE=cuda", f"PYTHON={sys.executable}"],
-                                  cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT)
-        print(f"make install WHEELS={ON_HOST} ENGINE=cuda: exit {done.returncode} in {time.monotonic() - t0:.0f} s "
-              f"(log {WORK}/install.log)", flush=True)
-        if done.returncode:
-            print(Path(f"{WORK}/install.log").read_text(errors="replace")[-4000:])
-            raise SystemExit(done.returncode)
+        _make(["install", f"WHEELS={ON_HOST}", "ENGINE=cuda"], f"{WORK}/install.log")
     manifest = json.loads((ON_HOST / "bundle.json").read_text())
     envs = manifest.get("envs", manifest.get("peers", []))  # bundles made before --env named them peers
     if any(e.startswith("envs/peers/") for e in envs) and not (REPO / ".peers").exists():
@@ -142,16 +147,7 @@ def unpack() -> None:
     for name in (Path(e).stem for e in envs if e.startswith("envs/versions/")):
         if (REPO / ".versions" / name / ".installed").exists():
             continue
-        t0 = time.monotonic()
-        with open(f"{WORK}/install-{name}.log", "ab") as log:
-            done = subprocess.run(["make", "version", f"VERSION={name}", f"WHEELS={ON_HOST}", "ENGINE=cuda",
-                                   f"PYTHON={sys.executable}"], cwd=REPO, env=_env(), stdout=log,
-                                  stderr=subprocess.STDOUT)
-        print(f"make version VERSION={name}: exit {done.returncode} in {time.monotonic() - t0:.0f} s "
-              f"(log {WORK}/install-{name}.log)", flush=True)
-        if done.returncode:
-            print(Path(f"{WORK}/install-{name}.log").read_text(errors="replace")[-4000:])
-            raise SystemExit(done.returncode)
+        _make(["version", f"VERSION={name}", f"WHEELS={ON_HOST}", "ENGINE=cuda"], f"{WORK}/install-{name}.log")
         subprocess.run([str(REPO / ".versions" / name / "bin" / "python"), "-c", "import torch, vllm; print('vllm', "
                         "vllm.__version__, 'torch', torch.__version__, torch.cuda.is_available())"], env=_env(),
                        check=True, cwd=REPO)

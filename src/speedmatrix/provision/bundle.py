@@ -121,9 +121,14 @@ def build(target_name: str, out: Path, *, without: tuple[str, ...] = (), also: t
     patterns = [_name(w) for w in without]
     # a package the host has is left out only at the lock's own version: the install is then the lock exactly,
     # the host's copy used where it is the same (another version is carried, and the venv's copy comes first)
+    # (one rule for the target's lock and every other environment's: a --without pattern, or the host has that
+    # very pin; never because another lock's pin of the same package was left out)
+    def host_gives(r: str) -> bool:
+        return any(fnmatch.fnmatch(_name(r), p) for p in patterns) or host.get(_name(r)) == _version(r)
+
     same = {_name(r) for r in pinned(lock) if host.get(_name(r)) == _version(r)}
-    left_out = sorted({_name(r) for r in pinned(lock) if any(fnmatch.fnmatch(_name(r), p) for p in patterns)} | same)
-    kept = [r for r in pinned(lock) if _name(r) not in left_out]
+    left_out = sorted({_name(r) for r in pinned(lock) if host_gives(r)})
+    kept = [r for r in pinned(lock) if not host_gives(r)]
     # the installer and the build backend go beside the lock, unless the lock pins them itself (vLLM for CUDA pins
     # its setuptools): two pins of one package are a conflict no installer resolves
     locked = {_name(r) for r in pinned(lock)}
@@ -136,13 +141,10 @@ def build(target_name: str, out: Path, *, without: tuple[str, ...] = (), also: t
     platform = [f"--python-version={target.python}", "--implementation=cp", "--only-binary=:all:",
                 *(f"--platform={p}" for p in target.platforms)] if target.python else []
     t0 = time.monotonic()
-    def carried(r: str) -> bool:
-        """Another environment's pin: left out only as the target's are (a --without pattern, or the host has it
-        at that pin's own version), not because the target's lock left out another version of it."""
-        return not (any(fnmatch.fnmatch(_name(r), p) for p in patterns) or host.get(_name(r)) == _version(r))
-
-    todo_sets = [(out / "constraints.lock", lambda r: _name(r) not in left_out), *((e, carried) for e in envs)]
-    for reqs, wanted in todo_sets:
+    # the constraints are what the host installs against (the installer and build backend always go); the other
+    # environments' pins go by the same rule as the lock's
+    for reqs, wanted in ((out / "constraints.lock", lambda r: _name(r) not in left_out),
+                         *((e, lambda r: not host_gives(r)) for e in envs)):
         todo = out / f".download-{reqs.stem}.txt"
         todo.write_text("\n".join(_requirement(r) for r in pinned(reqs) if wanted(r)) + "\n")
         try:
