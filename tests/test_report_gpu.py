@@ -74,3 +74,25 @@ def test_a_trained_model_is_named_as_trained_not_synthesized():
     assert ("model `tiny`: trained (speedmatrix.provision.training: its recipe, corpus and loss in training.json), "
             "2 files") in text
     assert "synthesized `None`" not in text
+
+
+def test_a_per_request_chart_of_a_gpu_run_is_thinned_not_refused(tmp_path):
+    """At a GPU's request rates open-loop cells hold tens of thousands of requests: Altair refuses a chart of more
+    than 5,000 rows (the report rule failed on such a run); the chart draws one row in k of them instead, every
+    cell keeping its share, and says so under its title."""
+    from speedmatrix.report import charts
+
+    m = pd.DataFrame([row(workload="rate", concurrency=0, cell_id=f"rate-ctx128-r{r}-poisson") for r in (64, 512)])
+    per_cell = {"rate-ctx128-r64-poisson": 2000, "rate-ctx128-r512-poisson": 10000}
+    req = pd.DataFrame([{"server_id": "tp1", "cell_id": c, "scheduled_s": i / 100, "start_s": i / 100 + 0.001,
+                         "counted": True, "phase": None} for c, n in per_cell.items() for i in range(n)])
+    lag = next(c for c in charts.CHARTS if c.name == "lag")
+    d = lag.rows(m, req)
+    assert len(d) <= charts.MAX_ROWS and d.attrs["thinned"] == (3, 12000)
+    assert d["cell"].value_counts().to_dict() == {"512 req/s poisson, ctx 128": 3333, "64 req/s poisson, ctx 128": 667}
+    drawn = lag.save(m, tmp_path / "lag.png", req)
+    assert drawn.title.subtitle == "one row in 3 of 12,000 drawn (a page stays small)"
+    assert (tmp_path / "lag.png").stat().st_size > 0
+    # under the limit nothing is thinned
+    small = lag.rows(m, req.groupby("cell_id").head(100))
+    assert len(small) == 200 and "thinned" not in small.attrs

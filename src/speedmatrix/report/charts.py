@@ -284,7 +284,6 @@ def latency_data(matrix: pd.DataFrame, requests: pd.DataFrame | None) -> pd.Data
         return None
     keep = set(zip(d["server_id"], d["cell_id"]))
     r = requests[[k in keep for k in zip(requests["server_id"], requests["cell_id"])]]
-    r = r.groupby(["server_id", "cell_id"], sort=False).head(500)  # a page stays small on a long GPU run
     if r.empty:
         return None
     gaps = (r["end_s"] - r["start_s"] - r["ttft_ms"] / 1000.0) / (r["chunks"] - 1)
@@ -449,6 +448,10 @@ def _kinds_in(exp: Any) -> set[str]:
     return {c.workload for c in exp.cells()}
 
 
+# the rows a chart embeds at most (Altair refuses more than 5,000 by default; the HTML page inlines every row)
+MAX_ROWS = 5000
+
+
 @dataclass(frozen=True)
 class Chart:
     """One chart of the report: its file name, title, rows and drawing."""
@@ -463,12 +466,32 @@ class Chart:
     # from the experiment alone: can this chart have data? (the workflow declares only those that can)
     applies: Callable[[Any], bool] = lambda exp: True
 
-    def chart(self, matrix: pd.DataFrame, requests: pd.DataFrame | None = None) -> alt.Chart | None:
+    def rows(self, matrix: pd.DataFrame, requests: pd.DataFrame | None = None) -> pd.DataFrame | None:
+        """The rows the chart draws; past :data:`MAX_ROWS` (a GPU run's open-loop cells have tens of thousands of
+        requests) every k-th of them, in their order, so that each cell keeps its share, and
+        ``attrs["thinned"] = (k, all rows)``."""
         rows = matrix if self.kind is None else matrix[matrix["workload"] == self.kind]
         if not len(rows):
             return None
         d = self.data(rows, requests) if self.source == "requests" else self.data(rows)
-        return None if d is None else self.draw(d)
+        if d is None or len(d) <= MAX_ROWS:
+            return d
+        step = -(-len(d) // MAX_ROWS)
+        thinned = d.iloc[::step].copy()
+        thinned.attrs["thinned"] = (step, len(d))
+        return thinned
+
+    def chart(self, matrix: pd.DataFrame, requests: pd.DataFrame | None = None) -> alt.Chart | None:
+        d = self.rows(matrix, requests)
+        if d is None:
+            return None
+        chart = self.draw(d)
+        if "thinned" in d.attrs:
+            step, total = d.attrs["thinned"]
+            title = chart.title if isinstance(chart.title, str) else self.title
+            chart = chart.properties(title=alt.TitleParams(
+                text=title, subtitle=f"one row in {step} of {total:,} drawn (a page stays small)"))
+        return chart
 
     def save(self, matrix: pd.DataFrame, png: str | Path, requests: pd.DataFrame | None = None) -> alt.Chart | None:
         """Draw the chart and save its PNG (a placeholder when there is no data); the chart, or None."""
