@@ -106,12 +106,27 @@ def test_roofline_against_the_datasheet_bandwidth():
 
 
 def test_idle_power_before_a_server_and_the_energy_above_it(stub_nvml):
-    idle = telemetry.idle_power({"CUDA_VISIBLE_DEVICES": "0"}, seconds=0.5)
+    idle = telemetry.idle_power({"CUDA_VISIBLE_DEVICES": "0"}, seconds=0.2)
     assert idle["gpu_idle_power_w"] == 300.0 and [g["index"] for g in idle["gpu_idle_per_gpu"]] == [0]
+    assert idle["gpu_idle_settled"] is True  # two windows alike
     # a window at 400 W of which 300 W is idle: a quarter of each token's energy was the serving's
     assert telemetry.above_idle(2.0, 400.0, 300.0) == pytest.approx(0.5)
     assert telemetry.above_idle(2.0, 250.0, 300.0) == 0.0  # below idle (a cooler GPU): nothing above it
     assert telemetry.above_idle(2.0, 400.0, None) is None  # no idle reading (an older run): no figure
+
+
+def test_idle_power_waits_for_a_gpu_another_server_just_left(stub_nvml, monkeypatch):
+    """A GPU whose power still falls (a server stopped a moment ago) is sampled until it stops falling: the
+    reading is the settled one, not the warm GPU's; one that keeps falling past the limit is said to be
+    unsettled."""
+    falling = iter([120_000] * 3 + [100_000] * 3 + [80_000] * 3 + [77_000] * 100)
+    monkeypatch.setattr(stub_nvml, "nvmlDeviceGetPowerUsage", lambda h: next(falling, 77_000), raising=False)
+    idle = telemetry.idle_power({"CUDA_VISIBLE_DEVICES": "0"}, seconds=0.05)
+    assert idle["gpu_idle_power_w"] == pytest.approx(77.0, abs=1.5) and idle["gpu_idle_settled"] is True
+    power = iter(range(500_000, 0, -10_000))
+    monkeypatch.setattr(stub_nvml, "nvmlDeviceGetPowerUsage", lambda h: next(power), raising=False)
+    idle = telemetry.idle_power({"CUDA_VISIBLE_DEVICES": "0"}, seconds=0.05, settle_s=0.2)
+    assert idle["gpu_idle_settled"] is False and idle["gpu_idle_wait_s"] <= 0.3
 
 
 def test_without_nvml_there_is_no_idle_reading(monkeypatch):

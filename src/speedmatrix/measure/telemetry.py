@@ -195,18 +195,34 @@ class Sampler:
         return out
 
 
-def idle_power(env: dict[str, str] | None = None, seconds: float = 3.0) -> dict[str, Any] | None:
-    """The power of the GPUs a server will use, sampled for ``seconds`` before it starts (None without NVML):
-    what they draw doing nothing, so that a cell's energy above idle can be read (``above_idle``)."""
-    sampler = Sampler(interval_s=0.2, env=env)
-    if not sampler.available:
+def idle_power(env: dict[str, str] | None = None, seconds: float = 1.5, settle_s: float = 30.0,
+               ) -> dict[str, Any] | None:
+    """The power of the GPUs a server will use before it starts (None without NVML): what they draw doing
+    nothing, so that a cell's energy above idle can be read (``above_idle``).
+
+    Sampled in windows of ``seconds`` until a window draws no less than the one before (within 2 % or 1 W), at
+    most ``settle_s``: a GPU another server just left still draws above idle for a while (on an H200, 105.8 W
+    right after a server stopped, 76.6 W settled). The reading is the last window's; ``gpu_idle_settled`` says
+    whether the power stopped falling in time, ``gpu_idle_wait_s`` how long it took."""
+    if not Sampler(interval_s=0.2, env=env).available:
         return None
-    sampler.start()
-    time.sleep(seconds)
-    summary = sampler.stop()
-    if not summary:
-        return None
-    return {"gpu_idle_power_w": summary["gpu_power_w"], "gpu_idle_window_s": summary["window_s"],
+    t0 = time.monotonic()
+    before = None
+    while True:
+        sampler = Sampler(interval_s=min(0.2, seconds / 5), env=env)
+        sampler.start()
+        time.sleep(seconds)
+        summary = sampler.stop()
+        if not summary:
+            return None
+        power = summary["gpu_power_w"]
+        settled = before is not None and power >= before - max(1.0, 0.02 * before)
+        waited = time.monotonic() - t0
+        if settled or waited + seconds > settle_s:
+            break
+        before = power
+    return {"gpu_idle_power_w": power, "gpu_idle_window_s": summary["window_s"], "gpu_idle_settled": settled,
+            "gpu_idle_wait_s": round(waited, 1),
             "gpu_idle_per_gpu": [{k: r[k] for k in ("index", "name", "power_w_mean") if k in r}
                                  for r in summary["per_gpu"]]}
 
