@@ -26,9 +26,22 @@ INFO 12-01 01:02:04 shutting down
 """
 
 
+# vLLM 0.26.0 on an H200 with a mismatched kernel package: the API process's last word points above
+ENGINE_CORE_LOG = """(EngineCore pid=4618) ERROR 12-03 15:30:12 [core.py:1330] EngineCore failed to start.
+(EngineCore pid=4618) ERROR 12-03 15:30:12 [core.py:1330] AttributeError: module 'cutlass.cute.core' has no attribute 'ThrMma'
+(EngineCore pid=4618) Traceback (most recent call last):
+(EngineCore pid=4618) AttributeError: module 'cutlass.cute.core' has no attribute 'ThrMma'
+(APIServer pid=4434) Traceback (most recent call last):
+(APIServer pid=4434)     raise RuntimeError(
+(APIServer pid=4434) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""
+
+
 @pytest.mark.parametrize("log, said", [
     (ARGPARSE_LOG, "api_server.py: error: unrecognized arguments: --bogus-flag"),
     (EXCEPTION_LOG, "ValueError: max_model_len 99999 is larger than the model's 2048"),
+    (ENGINE_CORE_LOG, "AttributeError: module 'cutlass.cute.core' has no attribute 'ThrMma' "
+                      "(RuntimeError: Engine core initialization failed)"),
 ])
 def test_vllms_complaint_is_the_line_that_says_why(tmp_path, log, said):
     path = tmp_path / "server.log"

@@ -68,11 +68,15 @@ def complaint(path: Path) -> str:
         lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return "(no server log)"
-    for line in reversed(lines):
-        m = _COMPLAINT.search(line)
-        if m and "speedmatrix:" not in line:
-            return m.group(0).strip()
-    return lines[-1] if lines else "(empty server log)"
+    said = [m.group(0).strip() for line in reversed(lines)
+            if "speedmatrix:" not in line and (m := _COMPLAINT.search(line))]
+    if not said:
+        return lines[-1] if lines else "(empty server log)"
+    if "root cause above" in said[0]:  # vLLM's API process only points at its engine's traceback: name the cause too
+        cause = next((c for c in said[1:] if "root cause above" not in c), None)
+        if cause:
+            return f"{cause} ({said[0].split('. ')[0]})"
+    return said[0]
 
 
 def wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Path,
