@@ -28,7 +28,7 @@ INFO 12-01 01:02:04 shutting down
 
 # vLLM 0.26.0 on an H200 with a mismatched kernel package: the API process's last word points above
 ENGINE_CORE_LOG = """(EngineCore pid=4618) ERROR 12-03 15:30:12 [core.py:1330] EngineCore failed to start.
-(EngineCore pid=4618) ERROR 12-03 15:30:12 [core.py:1330] AttributeError: module 'cutlass.cute.core' has no attribute 'ThrMma'
+(EngineCore pid=4618) ERROR 12-03 15:30:12 [core.py:1330] AttributeError: module 'cutlass.cute.core' has no attr
 (EngineCore pid=4618) Traceback (most recent call last):
 (EngineCore pid=4618) AttributeError: module 'cutlass.cute.core' has no attribute 'ThrMma'
 (APIServer pid=4434) Traceback (most recent call last):
