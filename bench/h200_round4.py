@@ -62,8 +62,37 @@ def file_runs(tarball: Path) -> dict[str, str]:
         experiment = folder.split("@")[0]
         subprocess.run([sys.executable, str(RUNNER), "collect", str(tarball), experiment, "--folder", folder,
                         "--dest", str(DEST / names[folder])], check=True, stdout=subprocess.DEVNULL)
+        if not (DEST / names[folder] / "matrix.parquet").exists() and any((DEST / names[folder]).glob("cells/*/*")):
+            rederive(tarball, folder, experiment, DEST / names[folder])
+        slim(DEST / names[folder])
         filed[folder] = names[folder]
     return filed
+
+
+# what a filed run leaves out to keep the repository small (SLIMMED says so in summary.md)
+SLIMMED = ("report.html (report.md has the same tables), loops/ (each cell's loop verdict: the matrix keeps its "
+           "figures), and requests.parquet's columns text, chunk_tokens and chunk_chars (the generated text and "
+           "each streamed chunk's size)")
+
+
+def slim(run: Path) -> None:
+    (run / "report.html").unlink(missing_ok=True)
+    shutil.rmtree(run / "loops", ignore_errors=True)
+    requests = run / "requests.parquet"
+    if requests.exists():
+        r = pd.read_parquet(requests)
+        r.drop(columns=[c for c in ("text", "chunk_tokens", "chunk_chars") if c in r]).to_parquet(requests)
+
+
+def rederive(tarball: Path, folder: str, experiment: str, dest: Path) -> None:
+    """A run cut short (the machine taken back mid-run) has its finished cells but no matrix: `speedmatrix
+    rederive` makes the matrix, the requests, the decisions and the report of those cells (it says which ran)."""
+    with tempfile.TemporaryDirectory() as tmp, tarfile.open(tarball) as tar:
+        tar.extractall(tmp, members=[m for m in tar.getmembers() if m.name.split("/", 1)[0] == folder],
+                       filter="data")
+        subprocess.run([str(BIN / "speedmatrix"), "rederive", str(Path(tmp) / folder), "--experiment", experiment,
+                        "--out", str(dest), "--captions", str(REPO / "docs" / "captions")], check=True,
+                       stdout=subprocess.DEVNULL)
 
 
 def run_ids() -> dict[str, str]:
@@ -130,8 +159,38 @@ def _startups(name: str) -> pd.DataFrame:
         d = json.loads(f.read_text())
         rows.append({"run": name, "server": f.parent.name, "vLLM": d.get("vllm_version"),
                      "started": d.get("started_at"), "start s": d.get("startup_seconds"),
-                     "idle power W": d.get("gpu_idle_power_w")})
+                     "idle power W": d.get("gpu_idle_power_w"), "idle window s": d.get("gpu_idle_window_s"),
+                     "settled": d.get("gpu_idle_settled", "not checked")})
     return pd.DataFrame(rows)
+
+
+def _failed_starts(name: str) -> pd.DataFrame:
+    """Each server of the run that failed to start: the error it gave then, and vLLM's root cause from its log."""
+    sys.path.insert(0, str(REPO / "src"))
+    from speedmatrix.serve.broker import complaint
+
+    rows = []
+    for f in sorted((DEST / name / "servers").glob("*/startup-error.json")):
+        log = f.parent / "server.log"
+        rows.append({"run": name, "server": f.parent.name, "error": json.loads(f.read_text()).get("error"),
+                     "root cause (server.log)": complaint(log) if log.exists() else None})
+    return pd.DataFrame(rows)
+
+
+def _saturation_now(requests: Path) -> dict[str, str]:
+    """cell -> "k of n": in how many of its repeats the workflow's saturation rule, as it is now, finds the
+    server's queue growing (from requests.parquet: a run measured before a change of the rule is judged again)."""
+    sys.path.insert(0, str(REPO / "src"))
+    from speedmatrix.measure import arrivals
+
+    r = pd.read_parquet(requests)
+    r = r[r["counted"].fillna(True).astype(bool) & r["scheduled_s"].notna()]
+    out: dict[str, list[bool]] = {}
+    for (cell, _), g in r.groupby(["cell_id", "repeat"]):
+        times = [(s, b, None if pd.isna(t) else b + t / 1000.0, None if pd.isna(e) else e)
+                 for s, b, t, e in zip(g["scheduled_s"], g["start_s"], g["ttft_ms"], g["end_s"])]
+        out.setdefault(cell, []).append(arrivals.saturation(times)["saturated"])
+    return {cell: f"{sum(v)} of {len(v)}" for cell, v in out.items()}
 
 
 def summary() -> Path:
@@ -142,8 +201,15 @@ def summary() -> Path:
              if (DEST / n / "servers").is_dir()]
     starts = pd.concat([_startups(n) for n in filed], ignore_index=True) if filed else pd.DataFrame()
     out += ["## Server starts and the GPU's idle power before each", "",
-            "From each run's `servers/<config>/startup.json` (`gpu_idle_power_w`: NVML, 3 s before the server "
-            "started).", "", _table(starts) if len(starts) else "(none)", ""]
+            "From each run's `servers/<config>/startup.json` (`gpu_idle_power_w`: NVML, sampled before the server "
+            "started; `settled`: whether the power had stopped falling; \"not checked\": one window of "
+            "`gpu_idle_window_s` right before the start, as the workflow sampled before it waited for the power "
+            "to settle).", "", _table(starts) if len(starts) else "(none)", ""]
+    failed = [f for f in (_failed_starts(n) for n in filed) if len(f)]
+    if failed:
+        out += ["## Servers that failed to start", "",
+                "From each run's `servers/<config>/startup-error.json` and the root cause in its `server.log`.", "",
+                _table(pd.concat(failed, ignore_index=True)), ""]
     energy = []
     for n in runs:
         if n == "client-at-gpu-rates":
@@ -181,14 +247,22 @@ def summary() -> Path:
                                              "its CPU s / wall s": (row.get("client_cpu_s") or 0)
                                              / (row.get("process_wall_s") or float("nan")),
                                              "its round": "failed" if row.get("error") else "ok"}
+        judged = _saturation_now(DEST / "client-at-gpu-rates" / "requests.parquet")
+        ours = {r["cell_id"]: r for r in m.to_dict("records")}
         rows = []
-        for r in m.to_dict("records"):
-            rows.append({"cell": r["cell_id"], **{label: r.get(col) for col, label in RATES},
-                         **ref.get(r["cell_id"], {})})
+        # every step either client measured (a run cut short may have one client's step and not the other's)
+        for cell in sorted(set(ours) | set(ref), key=lambda c: float(c.split("-r")[-1].split("-")[0])):
+            r = ours.get(cell, {})
+            rows.append({"cell": cell, **{label: r.get(col) for col, label in RATES},
+                         "saturated repeats (today's rule)": judged.get(cell), **ref.get(cell, {})})
         out += ["## The client at a GPU's request rates", "",
                 "From `client-at-gpu-rates/matrix.parquet` (speedmatrix's cells, the client check on each) and "
                 "`client-at-gpu-rates/reference/*/*.json` (vllm bench serve sending the same arrivals, one round: "
-                "its completed requests over its duration).", "", _table(pd.DataFrame(rows)), ""]
+                "its completed requests over its duration). `status` is the cell's as measured; the saturated "
+                "repeats are judged again from `client-at-gpu-rates/requests.parquet` by the workflow's saturation "
+                "rule as it is now (`speedmatrix.measure.arrivals.saturation`, per repeat).", "",
+                _table(pd.DataFrame(rows)), ""]
+    out += ["## Left out", "", f"Each run's folder here leaves out {SLIMMED}.", ""]
     path = DEST / "summary.md"
     path.write_text("\n".join(out))
     return path

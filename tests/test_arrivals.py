@@ -96,6 +96,15 @@ def test_saturation_is_a_queue_that_grows_through_the_window():
     assert v["saturated"] and v["ttft_trend_rho"] > 0.99 and v["ttft_growth"] > 2 and v["in_flight_growth"] > 1.5
     assert "queue grew" in v["saturation_reason"] and v["littles_law_ratio"] < 0.8
     assert not arrivals.saturation(growing[:5])["saturated"]  # too few requests to say
+    # a queue built before the window (in the warm-up): TTFT from 7 s to 14 s over a 7 s window, in flight from
+    # about 1,100 to 2,200 (512 requests a second on an H200 at about 155 a second served) is saturated, though
+    # its TTFT less than doubles
+    deep = [(i / 512, i / 512, i / 512 + 7 + i / 512, i / 512 + 7.4 + i / 512) for i in range(3584)]
+    v = arrivals.saturation(deep)
+    assert v["ttft_growth"] < 2 and v["saturated"], v
+    # a TTFT that rises a little at a load the server keeps up with stays unsaturated (in flight flat)
+    flat = [(i * 0.1, i * 0.1, i * 0.1 + 0.02 + 0.0005 * i, i * 0.1 + 0.2) for i in range(60)]
+    assert not arrivals.saturation(flat)["saturated"]
 
 
 def test_the_reference_asks_every_client_for_the_same_arrivals(tmp_path):

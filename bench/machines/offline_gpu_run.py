@@ -280,13 +280,18 @@ def collect(ns: argparse.Namespace) -> int:
     dest.mkdir(parents=True, exist_ok=True)
     folder = ns.folder or ns.experiment
     with tarfile.open(ns.tarball) as tar:
+        names = set(tar.getnames())
         for m in tar.getmembers():
             top, _, rel = m.name.partition("/")
             if top != folder:
                 continue
             keep = (rel in KEEP or (rel.startswith("charts/") and rel.endswith(".png"))
-                    or rel.startswith("reference/") or rel.endswith(("startup.json", "launch.json", "p2p.json"))
-                    or (rel.startswith(("cells/", "loops/")) and rel.endswith(".json")))
+                    or rel.startswith("reference/")
+                    or rel.endswith(("startup.json", "launch.json", "p2p.json", "startup-error.json"))
+                    or (rel.startswith(("cells/", "loops/")) and rel.endswith(".json"))
+                    # the log of a server that failed to start: its traceback is the evidence
+                    or (rel.startswith("servers/") and rel.endswith("/server.log")
+                        and f"{top}/{rel[:-len('server.log')]}startup-error.json" in names))
             if m.isfile() and keep:
                 target = dest / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
