@@ -109,9 +109,28 @@ def test_a_cell_jobs_own_work_is_told_apart_from_requests_sent_outside_its_windo
     (run / "cells/base/prefix_cache-a.json").write_text(json.dumps({"result": {"measured_s": 5.0, "requests_s": 10.5}}))
     (run / "cells/base/prefill-b.json").write_text(json.dumps({"result": {"requests_s": 2.0}}))
     got = overhead.analyse(run)
-    assert got["parts_s"]["cell jobs outside windows and start-ups (prompts, drain waits, counters, writing)"] == \
-        pytest.approx(15.002 - 5.0, abs=0.002)
+    assert got["parts_s"][overhead.SERVER_WORK] == pytest.approx(15.002 - 5.0, abs=0.002)
     assert got["cell_jobs_requests_outside_windows_s"] == pytest.approx(7.5, abs=0.002)
     assert got["cell_jobs_own_s"] == pytest.approx(2.5, abs=0.005)
     assert got["cell_jobs_own_s_per_cell"] == pytest.approx(1.25, abs=0.005)
     assert "the jobs' own work: 2.5 s, 1.25 s a cell" in overhead.text(got)
+
+
+def test_a_server_started_inside_the_losslessness_check_is_counted_once(tmp_path):
+    """The losslessness check's outputs are the first job to use a speculative config's server: its start-up
+    happens inside that job, not inside a cell; it is counted once, as a start-up (on an H200 run the split
+    gave 65 % start-ups and 73 % "other jobs" of the same wall time)."""
+    run = tmp_path / "run"
+    write_log(run / "logs/lossless/mtp2/outputs.log", "10:00:00", "10:01:10")  # a 60 s start, then outputs
+    write_log(run / "logs/cells/mtp2/decode-a.log", "10:01:11", "10:01:21")
+    write_log(run / "logs/report.log", "10:01:22", "10:01:25")
+    (run / "servers/mtp2").mkdir(parents=True)
+    (run / "servers/mtp2/starts.jsonl").write_text(json.dumps({"startup_seconds": 60.0}) + "\n")
+    (run / "cells/mtp2").mkdir(parents=True)
+    (run / "cells/mtp2/decode-a.json").write_text(json.dumps({"result": {"measured_s": 9.0}}))
+    got = overhead.analyse(run)
+    parts = got["parts_s"]
+    assert parts["server start-ups"] == 60.0 and parts[overhead.SERVER_WORK] == pytest.approx(13.0, abs=0.01)
+    assert parts["other jobs while no server was used (pin, models, loops, aggregate, report)"] == \
+        pytest.approx(4.0, abs=0.01)
+    assert sum(parts.values()) == pytest.approx(got["wall_s"] + 1, abs=0.01)  # one-second stamps: a second a span

@@ -97,6 +97,12 @@ def _cell_figures(run: Path) -> tuple[int, float, float, bool, list[tuple[float,
     return cells, windows, sending, sending_known, busy, unknown
 
 
+# the jobs that use a server (their logs' folders)
+SERVER_JOBS = ("cells/", "lossless/", "gates/")
+SERVER_WORK = ("server jobs outside windows and start-ups (cells' prompts, drain waits, counters, writing; the "
+               "losslessness check's outputs and scores; quality gates)")
+
+
 def analyse(run: Path) -> dict:
     spans, stamp_res = {}, 0.001
     for log in sorted((run / "logs").rglob("*.log")):
@@ -127,28 +133,30 @@ def analyse(run: Path) -> dict:
             unknown += 1
     busy_s = _union(busy) if busy and not unknown else None
     # jobs can overlap (several loop verdicts at once; on a cluster, cells of other configs): count time once
-    cell_jobs = covered([v for k, v in axis.items() if k.startswith("cells/")], stamp_res)
+    # the jobs that use a server: a server starts inside the first of them that needs it (a cell, or the
+    # losslessness check's outputs, which come before the cells, or a quality gate)
+    server_jobs = covered([v for k, v in axis.items() if k.startswith(SERVER_JOBS)], stamp_res)
     # the reference rule's rounds measure too (speedmatrix and other clients on the same server): time a
-    # reference job ran while no cell job did is theirs, not overhead
-    measuring = covered([v for k, v in axis.items() if k.startswith(("cells/", "reference/"))], stamp_res)
-    reference = measuring - cell_jobs
+    # reference job ran while no server job did is theirs, not overhead
+    measuring = covered([v for k, v in axis.items() if k.startswith((*SERVER_JOBS, "reference/"))], stamp_res)
+    reference = measuring - server_jobs
     any_job = covered(list(axis.values()), stamp_res)
-    other_jobs = any_job - measuring  # time some other job ran while nothing measured
+    other_jobs = any_job - measuring  # time some other job ran while no server was used
     startup_s = float(sum(startups))
-    in_cells = max(0.0, cell_jobs - windows - startup_s)  # a server starts inside the first cell job that needs it
+    in_cells = max(0.0, server_jobs - windows - startup_s)
     rest = max(0.0, wall + stamp_res - any_job)
     parts = {
         "server start-ups": startup_s,
         "measurement windows": windows,
-        "cell jobs outside windows and start-ups (prompts, drain waits, counters, writing)": in_cells,
+        SERVER_WORK: in_cells,
         "reference rounds while no cell measured (other clients on the same server)": reference,
-        "other jobs while nothing measured (pin, models, loops, aggregate, report, gates)": other_jobs,
+        "other jobs while no server was used (pin, models, loops, aggregate, report)": other_jobs,
         "between jobs (scheduler, idle)": rest,
     }
     # a cell job's own work (prompts, drain waits, counters, writing) apart from the requests its kind sent outside
     # its window (a prefix-cache cell's cold pass, a prefill cell's requests): known where every cell says how long
     # its kind sent requests (``requests_s``; runs of earlier versions did not)
-    own = max(0.0, cell_jobs - startup_s - sending) if sending_known and cells else None
+    own = max(0.0, server_jobs - startup_s - sending) if sending_known and cells else None
     overhead = wall - (busy_s if busy_s is not None else startup_s + windows) - reference
     return {
         "run": str(run),
