@@ -62,8 +62,16 @@ def file_runs(tarball: Path) -> dict[str, str]:
         experiment = folder.split("@")[0]
         subprocess.run([sys.executable, str(RUNNER), "collect", str(tarball), experiment, "--folder", folder,
                         "--dest", str(DEST / names[folder])], check=True, stdout=subprocess.DEVNULL)
-        if not (DEST / names[folder] / "matrix.parquet").exists() and any((DEST / names[folder]).glob("cells/*/*")):
-            rederive(tarball, folder, experiment, DEST / names[folder])
+        with tempfile.TemporaryDirectory() as tmp, tarfile.open(tarball) as tar:
+            tar.extractall(tmp, members=[m for m in tar.getmembers() if m.name.split("/", 1)[0] == folder],
+                           filter="data")
+            run = Path(tmp) / folder
+            if not (DEST / names[folder] / "matrix.parquet").exists() and any(run.glob("cells/*/*")):
+                rederive(run, experiment, DEST / names[folder])
+            # where the run's wall time went (its job logs stay out of the repository: the split is kept)
+            split = subprocess.run([str(BIN / "speedmatrix"), "walltime", str(run)], capture_output=True, text=True)
+            (DEST / names[folder] / "walltime.txt").write_text(
+                split.stdout.replace(str(run), names[folder]) + split.stderr.replace(str(run), names[folder]))
         slim(DEST / names[folder])
         filed[folder] = names[folder]
     return filed
@@ -84,15 +92,11 @@ def slim(run: Path) -> None:
         r.drop(columns=[c for c in ("text", "chunk_tokens", "chunk_chars") if c in r]).to_parquet(requests)
 
 
-def rederive(tarball: Path, folder: str, experiment: str, dest: Path) -> None:
+def rederive(run: Path, experiment: str, dest: Path) -> None:
     """A run cut short (the machine taken back mid-run) has its finished cells but no matrix: `speedmatrix
     rederive` makes the matrix, the requests, the decisions and the report of those cells (it says which ran)."""
-    with tempfile.TemporaryDirectory() as tmp, tarfile.open(tarball) as tar:
-        tar.extractall(tmp, members=[m for m in tar.getmembers() if m.name.split("/", 1)[0] == folder],
-                       filter="data")
-        subprocess.run([str(BIN / "speedmatrix"), "rederive", str(Path(tmp) / folder), "--experiment", experiment,
-                        "--out", str(dest), "--captions", str(REPO / "docs" / "captions")], check=True,
-                       stdout=subprocess.DEVNULL)
+    subprocess.run([str(BIN / "speedmatrix"), "rederive", str(run), "--experiment", experiment, "--out", str(dest),
+                    "--captions", str(REPO / "docs" / "captions")], check=True, stdout=subprocess.DEVNULL)
 
 
 def run_ids() -> dict[str, str]:
@@ -194,6 +198,9 @@ def _saturation_now(requests: Path) -> dict[str, str]:
 
 
 def summary() -> Path:
+    sys.path.insert(0, str(REPO / "src"))
+    from speedmatrix.measure import telemetry
+
     runs = [n for n in ("vllm-0.25.1", "vllm-0.26.0", "vllm-0.25.1-again", "client-at-gpu-rates")
             if (DEST / n / "matrix.parquet").exists()]
     out = ["# h200-round4: what the run's files say (written by bench/h200_round4.py from the folders beside it)", ""]
@@ -215,9 +222,14 @@ def summary() -> Path:
         if n == "client-at-gpu-rates":
             continue
         m = pd.read_parquet(DEST / n / "matrix.parquet")
+        # a server started right after another stopped may read its GPU above idle (the power still falling):
+        # the run's lowest idle reading beside each cell's own
+        lowest = m["gpu_idle_power_w"].min()
         for r in m.sort_values(["server_id", "cell_id"]).to_dict("records"):
             energy.append({"run": n, "server": r["server_id"], "cell": r["cell_id"], "status": r["status"],
-                           **{label: r.get(col) for col, label in ENERGY}})
+                           **{label: r.get(col) for col, label in ENERGY},
+                           "J above the run's lowest idle / output token": telemetry.above_idle(
+                               r.get("gpu_energy_per_output_token_j"), r.get("gpu_power_w"), lowest)})
     out += ["## Energy per output token and per goodput token", "",
             "From each run's `matrix.parquet` (the median of the cell's repeats; goodput: the requests that met "
             "the experiment's target `tiny_h200`, p90 TTFT 50 ms and TPOT 8 ms).", "",
