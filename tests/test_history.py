@@ -95,6 +95,22 @@ def test_a_failed_run_is_stored_as_failed(recorded, tmp_path):
     assert added and len(store.cells(db, second)) == 15 and store.cells(db, first).empty
 
 
+def test_a_new_run_that_measured_nothing_is_no_pass(recorded, tmp_path, capsys):
+    """A release whose servers never started (vLLM 0.26.0 on an H200: a kernel package of its environment did not
+    match) has no cell: every cell is "only in base", and the check must not read that as "no cell slower"."""
+    base, _, _ = recorded
+    early = tmp_path / "early"
+    early.mkdir()
+    (early / "run-summary.json").write_text(json.dumps({"succeeded": False, "failed": 5, "jobs": 18}))
+    db = tmp_path / "history.sqlite"
+    store.add(base, db)
+    store.add(early, db)
+    assert main(["regress", str(base), str(early), "--store", str(db)]) == 1
+    out = capsys.readouterr()
+    assert "**Nothing compared**" in out.out and "No cell slower" not in out.out
+    assert "nothing to judge (exit 1)" in out.err
+
+
 def test_a_run_against_itself_changes_nothing(recorded):
     base, _, _ = recorded
     _, cells, reqs = store.manifest(base)

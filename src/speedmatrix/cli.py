@@ -157,7 +157,9 @@ def cmd_regress(ns: argparse.Namespace) -> int:
     print(markdown(regression.blocks(table, base, new, cells=(base_cells, new_cells))))
     code = regress.exit_code(table)
     if code:
-        print("speedmatrix regress: a cell is significantly slower beyond its minimum effect (exit 1)",
+        print("speedmatrix regress: " + ("no cell has a figure in both runs: nothing to judge (exit 1)"
+                                         if regress.nothing_compared(table) else
+                                         "a cell is significantly slower beyond its minimum effect (exit 1)"),
               file=sys.stderr)
     return code
 
@@ -453,7 +455,7 @@ def _add_history(sub) -> None:
     rg = sub.add_parser(
         "regress", help="per cell and figure: faster, slower, no change or not comparable, with statistics",
         description=_doc("history.regress") + " Exit status: 1 when a cell is significantly slower beyond its "
-        "minimum effect (a CI job's check), 0 otherwise, 2 on bad input.",
+        "minimum effect, or when no cell has a figure in both runs (a CI job's check), 0 otherwise, 2 on bad input.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     rg.add_argument("base", metavar="BASE", help="a results folder (results/<experiment>) or a stored run's id")
     rg.add_argument("new", metavar="NEW", help="the same, for the run judged against BASE")

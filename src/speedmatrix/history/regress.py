@@ -218,6 +218,13 @@ def cell_verdicts(table: pd.DataFrame) -> pd.DataFrame:
     return worst.reset_index()
 
 
+def nothing_compared(table: pd.DataFrame) -> bool:
+    """No cell had a figure in both runs (the new run failed before measuring, or measured other cells): no
+    verdict can be given, and a check must not read that as "no cell slower"."""
+    return not (table["verdict"] != NOT_COMPARABLE).any()
+
+
 def exit_code(table: pd.DataFrame) -> int:
-    """1 when any figure of any cell is significantly slower beyond its minimum effect, else 0 (for CI jobs)."""
-    return int((table["verdict"] == SLOWER).any())
+    """1 when any figure of any cell is significantly slower beyond its minimum effect, or when nothing could be
+    compared at all (a release whose servers did not start is no pass), else 0 (for CI jobs)."""
+    return int((table["verdict"] == SLOWER).any() or nothing_compared(table))

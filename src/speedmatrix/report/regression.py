@@ -36,6 +36,9 @@ def counts(table: pd.DataFrame) -> dict[str, int]:
 
 def answer(table: pd.DataFrame) -> str:
     c = counts(table)
+    if rg.nothing_compared(table):
+        return (f"**Nothing compared**: none of the {c[rg.NOT_COMPARABLE]} cells has a figure in both runs (the "
+                "Why column says which run lacks it); no verdict.")
     head = (f"**{c[rg.SLOWER]} cell{'s' * (c[rg.SLOWER] != 1)} slower**" if c[rg.SLOWER] else "**No cell slower**")
     return (f"{head}, {c[rg.FASTER]} faster, {c[rg.SAME]} with no change, {c[rg.NOT_COMPARABLE]} not comparable "
             "(per cell: slower if any figure is).")
