@@ -274,6 +274,23 @@ def summary() -> Path:
                 "repeats are judged again from `client-at-gpu-rates/requests.parquet` by the workflow's saturation "
                 "rule as it is now (`speedmatrix.measure.arrivals.saturation`, per repeat).", "",
                 _table(pd.DataFrame(rows)), ""]
+    cap = DEST / "client-capacity" / "client_capacity.json"
+    if cap.exists():  # bench/client_capacity.py run on the GPU host (its --out), the client pinned to its cores
+        d = json.loads(cap.read_text())
+        rows = [{"test": f"closed loop, {r['in_flight']} in flight, {r['requests']} requests of "
+                         f"{d['short_tokens']} tokens", "speedmatrix": f"{r['speedmatrix_req_s']:.4g} req/s",
+                 "streamer CPU": r["speedmatrix_streamer_cpu"]} for r in d["closed"]]
+        rows += [{"test": f"open loop, highest rate kept ({r['rule']})",
+                  "speedmatrix": f"{r['speedmatrix_highest_kept_rps']:.4g} req/s", "streamer CPU": None}
+                 for r in d["open"]]
+        rows += [{"test": f"ingest, {r['in_flight']} in flight, {r['tokens_per_request']} tokens a request",
+                  "speedmatrix": f"{r['speedmatrix_tok_s']:.4g} tok/s", "streamer CPU": r["speedmatrix_streamer_cpu"]}
+                 for r in d["ingest"]]
+        out += ["## The client's own capacity on the GPU host's cores", "",
+                f"From `client-capacity/client_capacity.json` (`bench/client_capacity.py --clients speedmatrix "
+                f"--rounds {d['rounds']} --client-cores {d['client_core']}`: speedmatrix's client against the local "
+                f"streamer on core {d['streamer_core']}, {d['cores']} cores, {d['cpu_model']}, Python "
+                f"{d['python']}).", "", _table(pd.DataFrame(rows)), ""]
     out += ["## Left out", "", f"Each run's folder here leaves out {SLIMMED}.", ""]
     path = DEST / "summary.md"
     path.write_text("\n".join(out))
