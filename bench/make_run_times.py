@@ -92,8 +92,12 @@ def main() -> int:
                             str(scratch / "w.json")], capture_output=True, text=True)
     if split.returncode == 0 and (scratch / "w.json").exists():
         parts = json.loads((scratch / "w.json").read_text())
-        inside = next((v for k, v in parts["parts_s"].items() if k.startswith("cell jobs outside")), None)
-        result["cell_job_outside_window_s_per_cell"] = round(inside / parts["cells"], 2) if parts["cells"] else None
+        # the server jobs' time outside windows and start-ups ("cell jobs outside ..." before the losslessness
+        # check's and the gates' jobs counted with the cells')
+        inside = next((v for k, v in parts["parts_s"].items()
+                       if k.startswith(("server jobs outside", "cell jobs outside"))), None)
+        result["cell_job_outside_window_s_per_cell"] = (round(inside / parts["cells"], 2)
+                                                        if parts["cells"] and inside is not None else None)
         if parts.get("cell_jobs_own_s_per_cell") is not None:  # the jobs' own work, requests sent outside windows aside
             result["cell_job_own_s_per_cell"] = round(parts["cell_jobs_own_s_per_cell"], 3)
         result["walltime"] = parts
