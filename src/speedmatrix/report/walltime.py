@@ -8,10 +8,12 @@ day, ``[HH:MM:SS.mmm]``, or ``[HH:MM:SS]`` in a run of an earlier version), ``se
 (``measured_s``: the cell's measurement windows, repeats summed, as each kind records it: a prefix-cache
 cell's warm pass only, a search's every step; prefill cells record none, so their requests count as overhead).
 Wall time is the first log line to the last (one-second resolution; a run past midnight is unwrapped). Inside
-the cell jobs, the time outside server start-ups and windows is prompt preparation, waits for the server to
-drain, counters and writing; outside the cell jobs, the reference rounds (other clients measuring the same
-cells: a check the experiment asked for, not the pipeline's overhead) and the pin, models, loop verdicts,
-aggregation and report jobs; what no job's log covers is the scheduler's own time and the idle gaps between jobs.
+the jobs that use a server (the cells, the losslessness check's outputs and scores, the quality gates: a server
+starts inside the first of them that needs it), the time outside server start-ups and windows is prompt
+preparation, waits for the server to drain, counters, writing, the check's and the gates' requests; outside them,
+the reference rounds (other clients measuring the same cells: a check the experiment asked for, not the
+pipeline's overhead) and the pin, models, loop verdicts, aggregation and report jobs; what no job's log covers is
+the scheduler's own time and the idle gaps between jobs.
 """
 
 from __future__ import annotations
