@@ -31,12 +31,21 @@ from pathlib import Path
 import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from speedmatrix.core.table import Table, markdown  # noqa: E402
+from speedmatrix.history import store  # noqa: E402
+from speedmatrix.measure import arrivals, telemetry  # noqa: E402
+from speedmatrix.serve.broker import complaint  # noqa: E402
+
 DEST = REPO / "docs" / "results" / "h200-round4"
 RUNNER = REPO / "bench" / "machines" / "offline_gpu_run.py"
 BIN = REPO / ".venv" / "bin"
 RELEASES = "h200-round4-releases"
 # the tarball's folders -> where they are filed (the first run of a rerun experiment is kept as NAME@1)
 NAMES = {"h200-round4-client-at-gpu-rates": "client-at-gpu-rates", f"{RELEASES}-vllm-0.26.0": "vllm-0.26.0"}
+# every filed run's folder name, in the summary's order
+RUNS = ("vllm-0.25.1", "vllm-0.26.0", "vllm-0.25.1-again", "client-at-gpu-rates")
 
 
 def folders(tar: tarfile.TarFile) -> list[str]:
@@ -104,8 +113,6 @@ def run_ids() -> dict[str, str]:
     0.25.1, its second the run against itself). None came back without the store (a run cut short)."""
     if not (DEST / "history.sqlite").exists():
         return {}
-    sys.path.insert(0, str(REPO / "src"))
-    from speedmatrix.history import store
 
     runs = store.runs(DEST / "history.sqlite").sort_values("started_at")
     out = {}
@@ -148,8 +155,6 @@ RATES = (("offered_rate_rps", "offered req/s"), ("achieved_rate_rps", "achieved 
 
 def _table(frame: pd.DataFrame) -> str:
     """A frame as the project's markdown table (speedmatrix.core.table), figures to four significant digits."""
-    sys.path.insert(0, str(REPO / "src"))
-    from speedmatrix.core.table import Table, markdown
 
     t = Table(list(frame.columns))
     for row in frame.itertuples(index=False):
@@ -170,8 +175,6 @@ def _startups(name: str) -> pd.DataFrame:
 
 def _failed_starts(name: str) -> pd.DataFrame:
     """Each server of the run that failed to start: the error it gave then, and vLLM's root cause from its log."""
-    sys.path.insert(0, str(REPO / "src"))
-    from speedmatrix.serve.broker import complaint
 
     rows = []
     for f in sorted((DEST / name / "servers").glob("*/startup-error.json")):
@@ -184,8 +187,6 @@ def _failed_starts(name: str) -> pd.DataFrame:
 def _saturation_now(requests: Path) -> dict[str, str]:
     """cell -> "k of n": in how many of its repeats the workflow's saturation rule, as it is now, finds the
     server's queue growing (from requests.parquet: a run measured before a change of the rule is judged again)."""
-    sys.path.insert(0, str(REPO / "src"))
-    from speedmatrix.measure import arrivals
 
     r = pd.read_parquet(requests)
     r = r[r["counted"].fillna(True).astype(bool) & r["scheduled_s"].notna()]
@@ -198,14 +199,9 @@ def _saturation_now(requests: Path) -> dict[str, str]:
 
 
 def summary() -> Path:
-    sys.path.insert(0, str(REPO / "src"))
-    from speedmatrix.measure import telemetry
-
-    runs = [n for n in ("vllm-0.25.1", "vllm-0.26.0", "vllm-0.25.1-again", "client-at-gpu-rates")
-            if (DEST / n / "matrix.parquet").exists()]
+    runs = [n for n in RUNS if (DEST / n / "matrix.parquet").exists()]
     out = ["# h200-round4: what the run's files say (written by bench/h200_round4.py from the folders beside it)", ""]
-    filed = [n for n in ("vllm-0.25.1", "vllm-0.26.0", "vllm-0.25.1-again", "client-at-gpu-rates")
-             if (DEST / n / "servers").is_dir()]
+    filed = [n for n in RUNS if (DEST / n / "servers").is_dir()]
     starts = pd.concat([_startups(n) for n in filed], ignore_index=True) if filed else pd.DataFrame()
     out += ["## Server starts and the GPU's idle power before each", "",
             "From each run's `servers/<config>/startup.json` (`gpu_idle_power_w`: NVML, sampled before the server "

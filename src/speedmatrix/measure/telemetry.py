@@ -204,12 +204,12 @@ def idle_power(env: dict[str, str] | None = None, seconds: float = 1.5, settle_s
     most ``settle_s``: a GPU another server just left still draws above idle for a while (on an H200, 105.8 W
     right after a server stopped, 76.6 W settled). The reading is the last window's; ``gpu_idle_settled`` says
     whether the power stopped falling in time, ``gpu_idle_wait_s`` how long it took."""
-    if not Sampler(interval_s=0.2, env=env).available:
-        return None
     t0 = time.monotonic()
     before = None
-    while True:
+    while True:  # a sampler a window (a Sampler measures one window)
         sampler = Sampler(interval_s=min(0.2, seconds / 5), env=env)
+        if not sampler.available:
+            return None
         sampler.start()
         time.sleep(seconds)
         summary = sampler.stop()
