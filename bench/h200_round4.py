@@ -11,7 +11,8 @@ folder and store) measures, in this order: h200-round4-client-at-gpu-rates (vLLM
 
 - each run's folder is filed under docs/results/h200-round4/<name>/ (matrix, decisions, requests, report, cells,
   loop verdicts, server start-ups, locks) by offline_gpu_run's `collect`;
-- ``history.sqlite``: the results store the runs joined there;
+- ``history.sqlite``: the results store; each filed run is added to it (`speedmatrix history --add`) beside
+  the runs filed before, from the same host or an earlier one (a run it has already adds nothing);
 - ``regress-releases/``: `speedmatrix regress` 0.25.1 -> 0.26.0; ``regress-self/``: 0.25.1 -> 0.25.1 again;
 - ``summary.md``: the tables the README cites (idle power, energy per output / goodput token, losslessness,
   the open-loop steps with the client check beside vllm bench serve's achieved rates).
@@ -45,7 +46,7 @@ RELEASES = "h200-round4-releases"
 # the tarball's folders -> where they are filed (the first run of a rerun experiment is kept as NAME@1)
 NAMES = {"h200-round4-client-at-gpu-rates": "client-at-gpu-rates", f"{RELEASES}-vllm-0.26.0": "vllm-0.26.0"}
 # every filed run's folder name, in the summary's order
-RUNS = ("vllm-0.25.1", "vllm-0.26.0", "vllm-0.25.1-again", "client-at-gpu-rates")
+RUNS = ("vllm-0.25.1", "vllm-0.26.0", "vllm-0.26.0-failed-start", "vllm-0.25.1-again", "client-at-gpu-rates")
 
 
 def folders(tar: tarfile.TarFile) -> list[str]:
@@ -60,10 +61,6 @@ def file_runs(tarball: Path) -> dict[str, str]:
         again = f"{RELEASES}@1" in found  # the releases experiment ran twice: its first run is NAME@1
         names[f"{RELEASES}@1"] = "vllm-0.25.1"
         names[RELEASES] = "vllm-0.25.1-again" if again else "vllm-0.25.1"
-        store = next((m for m in tar.getmembers() if m.name == "history.sqlite"), None)
-        if store is not None:
-            DEST.mkdir(parents=True, exist_ok=True)
-            (DEST / "history.sqlite").write_bytes(tar.extractfile(store).read())
     filed = {}
     for folder in found:
         if folder not in names:
@@ -77,6 +74,11 @@ def file_runs(tarball: Path) -> dict[str, str]:
             run = Path(tmp) / folder
             if not (DEST / names[folder] / "matrix.parquet").exists() and any(run.glob("cells/*/*")):
                 rederive(run, experiment, DEST / names[folder])
+            # into the folder's store beside the runs filed before (from this host or an earlier one): a run
+            # the store has already adds nothing
+            DEST.mkdir(parents=True, exist_ok=True)
+            subprocess.run([str(BIN / "speedmatrix"), "history", "--add", str(run), "--store",
+                            str(DEST / "history.sqlite")], check=True, stdout=subprocess.DEVNULL)
             # where the run's wall time went (its job logs stay out of the repository: the split is kept)
             split = subprocess.run([str(BIN / "speedmatrix"), "walltime", str(run)], capture_output=True, text=True)
             (DEST / names[folder] / "walltime.txt").write_text(
@@ -114,7 +116,9 @@ def run_ids() -> dict[str, str]:
     if not (DEST / "history.sqlite").exists():
         return {}
 
-    runs = store.runs(DEST / "history.sqlite").sort_values("started_at")
+    # a run that started no cell (its servers failed) has no start: it sorts first, so that a later run of the
+    # same experiment that measured is the one named
+    runs = store.runs(DEST / "history.sqlite").sort_values("started_at", na_position="first")
     out = {}
     for r in runs.itertuples():
         if r.experiment == RELEASES:
