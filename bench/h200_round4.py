@@ -11,8 +11,8 @@ folder and store) measures, in this order: h200-round4-client-at-gpu-rates (vLLM
 
 - each run's folder is filed under docs/results/h200-round4/<name>/ (matrix, decisions, requests, report, cells,
   loop verdicts, server start-ups, locks) by offline_gpu_run's `collect`;
-- ``history.sqlite``: the results store; each filed run is added to it (`speedmatrix history --add`) beside
-  the runs filed before, from the same host or an earlier one (a run it has already adds nothing);
+- ``history.sqlite``: the results store; each filed run is added to it (as `speedmatrix history --add` adds)
+  beside the runs filed before, from the same host or an earlier one (a run it has already adds nothing);
 - ``regress-releases/``: `speedmatrix regress` 0.25.1 -> 0.26.0; ``regress-self/``: 0.25.1 -> 0.25.1 again;
 - ``summary.md``: the tables the README cites (idle power, energy per output / goodput token, losslessness,
   the open-loop steps with the client check beside vllm bench serve's achieved rates).
@@ -76,9 +76,7 @@ def file_runs(tarball: Path) -> dict[str, str]:
                 rederive(run, experiment, DEST / names[folder])
             # into the folder's store beside the runs filed before (from this host or an earlier one): a run
             # the store has already adds nothing
-            DEST.mkdir(parents=True, exist_ok=True)
-            subprocess.run([str(BIN / "speedmatrix"), "history", "--add", str(run), "--store",
-                            str(DEST / "history.sqlite")], check=True, stdout=subprocess.DEVNULL)
+            store.add(run, DEST / "history.sqlite")
             # where the run's wall time went (its job logs stay out of the repository: the split is kept)
             split = subprocess.run([str(BIN / "speedmatrix"), "walltime", str(run)], capture_output=True, text=True)
             (DEST / names[folder] / "walltime.txt").write_text(
