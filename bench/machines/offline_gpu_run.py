@@ -19,7 +19,8 @@ docs/gpu.md, "A GPU host with no package index". Below, R is bench/machines/offl
         # one after another in one results folder (one results store); one named again is measured again from
         # nothing, the earlier run's folder kept as EXPERIMENT@1
         # [--until reference]: only the jobs that rule needs (the reference jobs and their server)
-    python3 $R wait EXPERIMENT  # there: wait (< 9 min) for it; when done, pack results into $OUT
+    python3 $R wait EXPERIMENT  # there: wait (< 9 min) for it, then pack its results folder into $OUT as it is
+        # (finished or not: each call brings back what has finished; it says which experiments have)
     python3 $R collect TARBALL EXPERIMENT [--folder EXPERIMENT@1] [--dest DIR]
         # here: file the results under docs/results/ (--folder: which run of the tarball)
     python3 $R rederive TARBALL EXPERIMENT --policy flag_only --suffix -flag-only
@@ -101,7 +102,7 @@ def plan(ns: argparse.Namespace) -> int:
         print(json.dumps({"carry": [f".gk/{name}"], "command": f"cp .gk/{name} /tmp/kit.{name}"}))
     print(json.dumps({"command": f"python3 {SELF} start {ns.experiment} && "
                                  f"python3 {SELF} wait {ns.experiment} --max-s 400"}))
-    print(json.dumps({"command": f"python3 {SELF} wait {ns.experiment}", "repeat": "until packed",
+    print(json.dumps({"command": f"python3 {SELF} wait {ns.experiment}", "repeat": "until it says the chain has ended",
                       "kind": ns.kind}))
     return 0
 
@@ -167,7 +168,10 @@ def start(ns: argparse.Namespace) -> int:
         targets = [f"{root}/{experiment}/{t}" for t in ns.target]
         steps.append(" ".join([str(PY), "-m", "snakemake", "--profile", "profiles/default", *targets, *until,
                                "--config", f"experiment={experiment}", f"results_dir={root}",
-                               f"models_dir={WORK}/models", *ns.set]) + "; codes=\"$codes $?\"")
+                               f"models_dir={WORK}/models", *ns.set])
+                     + f"; code=$?; codes=\"$codes $code\"; echo \"{experiment} $code\" >> {WORK}/done{ns.tag}")
+    for stale in (f"{WORK}/rc{ns.tag}", f"{WORK}/done{ns.tag}"):  # an earlier chain's end is not this one's
+        Path(stale).unlink(missing_ok=True)
     log = open(f"{WORK}/run{ns.tag}.log", "ab")
     subprocess.run([str(PY), "-c", "import torch, vllm, snakemake, altair; print('vllm', vllm.__version__, 'torch', "
                     "torch.__version__, torch.cuda.is_available())"], env=_env(), check=True, cwd=REPO)
@@ -241,6 +245,9 @@ def results_dir(ns: argparse.Namespace) -> str:
 
 
 def wait(ns: argparse.Namespace) -> int:
+    """There: wait up to --max-s for the run to end, then pack the results folder as it is into $OUT, finished or
+    not: every call brings back what has finished so far, so a host taken back between calls loses only the
+    experiment it was measuring (twice a host went while `wait` said "still running" and had packed nothing)."""
     deadline = time.monotonic() + ns.max_s
     rc_file = Path(f"{WORK}/rc{ns.tag}")
     if not Path(f"{WORK}/run{ns.tag}.log").exists():
@@ -251,22 +258,28 @@ def wait(ns: argparse.Namespace) -> int:
         time.sleep(5)
     log = Path(f"{WORK}/run{ns.tag}.log").read_text(errors="replace")
     print(log[-6000:])
-    if not rc_file.exists() and not ns.partial:
-        print(f"still running after {ns.max_s} s: call wait again")
-        return 0
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
     root = Path(results_dir(ns))
     with tarfile.open(out / f"results{ns.tag}.tar.gz", "w:gz") as tar:  # every run of the folder, and its store
-        for res in sorted(root.iterdir()):
+        for res in sorted(root.iterdir()) if root.exists() else ():
             tar.add(res, arcname=res.name, filter=lambda t: None if "/store/" in t.name else t)
     shutil.copy(f"{WORK}/run{ns.tag}.log", out / f"run{ns.tag}.log")
-    subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv"],
-                   stdout=open(out / "nvidia-smi.csv", "w"))
-    state = (f"workflow exits {rc_file.read_text().strip()}" if rc_file.exists()
-             else "still running: packed what it has")
-    print(f"{state}; packed {out / f'results{ns.tag}.tar.gz'}")
+    if shutil.which("nvidia-smi"):  # the GPU's name and driver beside the results
+        subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv"],
+                       stdout=open(out / "nvidia-smi.csv", "w"))
+    print(progress(Path(f"{WORK}/done{ns.tag}"), rc_file) + f"; packed {out / f'results{ns.tag}.tar.gz'}")
     return 0
+
+
+def progress(done_file: Path, rc_file: Path) -> str:
+    """What `start`'s chain has done: each finished experiment with its workflow's exit status, and whether the
+    chain is still running."""
+    done = [line.split() for line in done_file.read_text().splitlines() if line.strip()] \
+        if done_file.exists() else []
+    said = ", ".join(f"{name} (exit {code})" for name, code in done) or "none"
+    state = "the chain has ended" if rc_file.exists() else "still running: call wait again"
+    return f"finished: {said}; {state}"
 
 
 # what a GPU run leaves in docs/results/<experiment>/ (the server logs and per-cell request files stay out:
@@ -379,8 +392,6 @@ def main() -> int:
     w.add_argument("experiment")
     w.add_argument("--tag", default="")
     w.add_argument("--max-s", type=float, default=540)
-    w.add_argument("--partial", action="store_true",
-                   help="pack what the run has after --max-s even if it is still running (the host's last command)")
     w.set_defaults(func=wait)
     ag = sub.add_parser("agree")
     ag.add_argument("--layers", type=int, default=6)
