@@ -70,12 +70,17 @@ def test_default_run_produces_the_output_contract(full_run):
         assert st["kv_cache_size_tokens"] > 0 and st["max_concurrency"] > 0 and st["startup_seconds"] > 0
         assert st["nice"] == 10  # on the CPU the server gives way to the client (runtime.server_nice)
         assert st["url"].startswith("http://127.0.0.1:")
+        # how fast a host core ran Python just before the start: the fastest of its rounds, never above their median
+        assert 0 < st["host_probe_ms"] <= st["host_probe_median_ms"]
         assert st["argv"][st["argv"].index("--host") + 1] == "127.0.0.1"
         assert (res / "servers" / srv.id / "server.log").stat().st_size > 0
     for cell in exp.cells():
         cj = json.loads((res / "cells" / cell.server_id / f"{cell.id}.json").read_text())
         assert cj["provenance"]["vllm_version"] == "0.32.0"
         assert cj["provenance"]["runtime_ref"] == lock["runtime_ref"]
+        started = json.loads((res / "servers" / cell.server_id / "startup.json").read_text())
+        assert cj["provenance"]["host_probe_ms"] == started["host_probe_ms"]
+        assert re.fullmatch(r"[0-9a-f]{12}", cj["provenance"]["boot_id"])
         assert (res / "cells" / cell.server_id / f"{cell.id}.requests.parquet").exists()
         assert (res / "loops" / cell.server_id / f"{cell.id}.json").exists()
     for f in ("matrix.parquet", "requests.parquet", "decisions.parquet", "report.md", "report.html",
@@ -420,6 +425,10 @@ def test_second_run_has_nothing_to_do(full_run):
     assert len(runs) == 1 and runs["status"].iloc[0] == "complete" and runs["vllm_version"].iloc[0] == "0.32.0"
     matrix = pd.read_parquet(work / "results" / FULL / "matrix.parquet")
     assert runs["cells"].iloc[0] == len(matrix) and runs["cpu_model"].iloc[0]
+    # the host: its hashed boot id, and the median of the probes before the three server starts
+    probes = [json.loads((work / "results" / FULL / "servers" / s / "startup.json").read_text())["host_probe_ms"]
+              for s in ("base", "mtp2", "ngram2")]
+    assert runs["host_probe_ms"].iloc[0] == pytest.approx(sorted(probes)[1]) and runs["boot_id"].iloc[0]
 
 
 def test_a_failed_loop_aggregate_or_report_job_is_counted_with_its_cause(full_run):

@@ -242,3 +242,24 @@ def test_acceptance_and_energy_stand_side_by_side_beside_the_verdict():
     # no speculation and no GPU in either run: nothing to put beside the verdict
     plain = pd.DataFrame([{**cell, "total_tok_s": 200.0}])
     assert regression.beside_table(plain, plain) is None
+
+
+def test_the_verdict_says_where_each_run_ran():
+    """Two runs on hosts whose cores ran Python at another pace compare the hosts as well as the software (a tiny
+    model on a GPU is bound by the host's CPU side): the verdict says whether they shared a host and a boot, and how
+    far apart their host probes were. Runs stored before the probe say nothing."""
+    one = {"machine_id": "a" * 12, "boot_id": "b" * 12, "host_probe_ms": 12.0}
+    assert regress.hosts({}, {}) is None and regress.hosts({"host_probe_ms": float("nan")}, {}) is None
+    assert regress.hosts(one, dict(one)).startswith("one host, one boot; host probe 12 ms against 12 ms (the same pace")
+    other = {"machine_id": "c" * 12, "boot_id": "d" * 12, "host_probe_ms": 15.0}
+    said = regress.hosts(one, other)
+    assert said.startswith("two machines; ") and "the new host slower by 25%" in said
+    reboot = {**one, "boot_id": "e" * 12, "host_probe_ms": 11.0}
+    assert "one machine id, two boots" in regress.hosts(one, reboot)
+    assert "the new host faster by 8%" in regress.hosts(one, reboot)
+    from speedmatrix.report import regression
+
+    printed = markdown(regression.blocks(pd.DataFrame(columns=["server_id", "cell_id", "verdict"]),
+                                         {"run_id": "x", "status": "complete", **one},
+                                         {"run_id": "y", "status": "complete", **other}))
+    assert "- Where: two machines; host probe 12 ms against 15 ms" in printed

@@ -228,3 +228,31 @@ def exit_code(table: pd.DataFrame) -> int:
     """1 when any figure of any cell is significantly slower beyond its minimum effect, or when nothing could be
     compared at all (a release whose servers did not start is no pass), else 0 (for CI jobs)."""
     return int((table["verdict"] == SLOWER).any() or nothing_compared(table))
+
+
+HOST_PROBE_LIMIT = 0.05  # two runs' host probes further apart than this: the hosts' pace differs
+
+
+def hosts(base: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """What the two runs' manifests say of where they ran, as a sentence (None when neither recorded the host's ids
+    or probe: a store made before them): one host and one boot, or two machines; and, where both probed the host
+    before their servers started, how far apart the probes were. A host-bound cell's change is then the host's as
+    much as the software's."""
+    def get(row: dict[str, Any], key: str) -> Any:
+        v = row.get(key)
+        return None if v is None or (isinstance(v, float) and np.isnan(v)) else v
+
+    said = []
+    if get(base, "boot_id") and get(base, "boot_id") == get(new, "boot_id"):
+        said.append("one host, one boot")
+    elif get(base, "machine_id") and get(new, "machine_id"):
+        said.append("one machine id, two boots (a restart, or two virtual machines made from one image)"
+                    if base["machine_id"] == new["machine_id"] else "two machines")
+    pb, pn = get(base, "host_probe_ms"), get(new, "host_probe_ms")
+    if pb and pn:
+        change = pn / pb - 1
+        pace = ("the same pace" if abs(change) < HOST_PROBE_LIMIT
+                else f"the new host {'slower' if change > 0 else 'faster'} by {abs(change):.0%}")
+        said.append(f"host probe {pb:.3g} ms against {pn:.3g} ms ({pace}: one core's Python before each server "
+                    f"start; past {HOST_PROBE_LIMIT:.0%} a host-bound cell's change may be the host's)")
+    return "; ".join(said) or None

@@ -3,8 +3,9 @@
 Three tables. ``runs``: one row a run, keyed by ``run_id`` (a hash of the experiment and of every cell's
 measurement key and start time, so that the same run added twice adds nothing and a run resumed later, with more
 cells, is a second run), with its manifest: experiment, status (complete / partial / failed, from the run
-summary), start, the vLLM version and runtime pin (image digest or environment lock hash), model hashes, host, CPU
-and GPU model, driver, speedmatrix commit, and where it was read from. ``cells``: one row per cell per run, every
+summary), start, the vLLM version and runtime pin (image digest or environment lock hash), model hashes, host (its
+name, hashed machine and boot ids, and the median of the host probes taken before its server starts), CPU and GPU
+model, driver, speedmatrix commit, and where it was read from. ``cells``: one row per cell per run, every
 column of the matrix (lists and mappings as JSON text) plus ``config_sha256`` (the server config: its flags,
 environment and models, not where or with what it ran) and ``basis_sha256`` (that and the cell and its client
 settings: two cells with the same basis measured the same thing, so their figures can be compared). ``requests``:
@@ -17,6 +18,7 @@ import hashlib
 import json
 import re
 import sqlite3
+import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,8 +36,9 @@ SCHEMA_VERSION = 1
 REQUEST_COLUMNS = ["server_id", "cell_id", "repeat", "request_index", "phase", "counted", "start_s", "end_s",
                    "ttft_ms", "output_tokens", "prompt_tokens", "error", "looped"]
 RUN_COLUMNS = ["run_id", "experiment", "status", "cells", "started_at", "added_at", "vllm_version", "runtime_ref",
-               "packages_sha256", "models_sha256", "hostname", "cpu_model", "cpu_count", "gpu_name", "gpu_driver",
-               "speedmatrix_commit", "speedmatrix_version", "jobs", "failed_jobs", "source"]
+               "packages_sha256", "models_sha256", "hostname", "cpu_model", "cpu_count", "machine_id", "boot_id",
+               "host_probe_ms", "gpu_name", "gpu_driver", "speedmatrix_commit", "speedmatrix_version", "jobs",
+               "failed_jobs", "source"]
 
 
 def path_for(results_root: str | Path) -> Path:
@@ -190,6 +193,7 @@ def manifest(run: str | Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFram
         "packages_sha256": lock.get("packages_sha256") or first("packages_sha256"),
         "models_sha256": hashlib.sha256(models_lock).hexdigest()[:16] if models_lock else None,
         "hostname": first("hostname"), "cpu_model": first("cpu_model"), "cpu_count": first("cpu_count"),
+        "machine_id": first("machine_id"), "boot_id": first("boot_id"), "host_probe_ms": _probe_of(provs),
         "gpu_name": str(gpu.iloc[0]) if len(gpu) else None, "gpu_driver": first("gpu_driver"),
         "speedmatrix_commit": first("speedmatrix_commit"), "speedmatrix_version": first("speedmatrix_version"),
         "jobs": summary.get("jobs"), "failed_jobs": summary.get("failed"), "source": str(run.resolve()),
@@ -204,6 +208,12 @@ def manifest(run: str | Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFram
     reqs = reqs.reindex(columns=REQUEST_COLUMNS)
     reqs.insert(0, "run_id", run_id)
     return row, cell_rows, reqs
+
+
+def _probe_of(provs: list[dict[str, Any]]) -> float | None:
+    """The run's host probe: the median over its server starts (each cell names its start), None before probes."""
+    by_start = {p.get("server_start_id"): p["host_probe_ms"] for p in provs if p.get("host_probe_ms") is not None}
+    return round(statistics.median(by_start.values()), 3) if by_start else None
 
 
 def _requests_of(run: Path) -> pd.DataFrame:

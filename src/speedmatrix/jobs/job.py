@@ -47,6 +47,8 @@ def provenance(startup: dict[str, Any], runtime_lock: dict[str, Any], launch: di
         "model_weights_gib": startup.get("model_weights_gib"),
         # what the server's GPUs drew before it started (W, NVML; None on the CPU): energy above idle
         "gpu_idle_power_w": startup.get("gpu_idle_power_w"),
+        # how fast one host core ran Python just before the server started (ms, less is faster: host.speed_probe)
+        "host_probe_ms": startup.get("host_probe_ms"),
         # the node's GPUs the server held (a GPU pool; None: the whole device)
         "server_gpus": startup.get("gpus"),
         "models": launch.get("models"),

@@ -99,7 +99,8 @@ def blocks(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any], level
              "GPU drew idle before the server started, and the energy over only the tokens of requests that met "
              "the first latency target. Not judged: read them beside the verdicts above."), beside]
     return [Heading(level, f"Against run {base['run_id']}"), Para(answer(table)),
-            Bullets([f"Base: {_run_line(base)}", f"New: {_run_line(new)}"]),
+            Bullets([f"Base: {_run_line(base)}", f"New: {_run_line(new)}",
+                     *([f"Where: {where}"] if (where := rg.hosts(base, new)) else [])]),
             Para("Each figure from the cell's requests (counted in its window, no error, no warm-up); the change's "
                  "95 % interval from a bootstrap over requests within each repeat; a verdict needs the interval to "
                  "exclude no change and the change to reach the minimum effect (the user's, or twice the cell's own "
@@ -124,10 +125,12 @@ def write(out: str | Path, table: pd.DataFrame, base: dict[str, Any], new: dict[
 
 
 def runs_table(runs: pd.DataFrame) -> Table:
-    t = Table(["Run", "Experiment", "Started", "Status", "Cells", "vLLM", "Runtime", "Host", "Commit"])
-    for r in runs.itertuples():
-        t.add(r.run_id, r.experiment, r.started_at or "—", r.status, r.cells, r.vllm_version or "—",
-              r.runtime_ref or "—", r.hostname or "—", (r.speedmatrix_commit or "—")[:12])
+    t = Table(["Run", "Experiment", "Started", "Status", "Cells", "vLLM", "Runtime", "Host", "Host probe",
+               "Commit"])
+    for _, r in runs.iterrows():
+        t.add(r["run_id"], r["experiment"], r["started_at"] or "—", r["status"], r["cells"], r["vllm_version"] or "—",
+              r["runtime_ref"] or "—", r["hostname"] or "—", fmt.ms(r.get("host_probe_ms")),
+              (r["speedmatrix_commit"] or "—")[:12])
     return t
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core import atomic
+from ..core import atomic, host
 from ..measure import metrics, telemetry
 from . import runtimes, state
 from .procs import POLL_S, end_group, group_alive, http_get, http_post_json, owner_alive, pid_alive
@@ -282,6 +282,8 @@ def run_broker(a: BrokerArgs) -> int:
         return 2
     # what the server's GPUs draw before it starts (NVML; None on the CPU): energy above idle in every cell
     idle = telemetry.idle_power(a.env)
+    # how fast one of the host's cores runs Python just before the start: a host-bound server's pace
+    probe = host.speed_probe()
     t_start = time.monotonic()
     proc = _launch(a, argv, log_path, start_id)
     live = {"broker_pid": os.getpid(), "vllm_pid": proc.pid, "pgid": proc.pid, "url": a.url, "token": a.token,
@@ -300,6 +302,7 @@ def run_broker(a: BrokerArgs) -> int:
             return 2
         record = _startup_doc(a, start_id, time.monotonic() - t_start, log_path)
         record.update(idle or {})
+        record.update(probe)
         record["warm_up"] = warm_up(a.url, model)
         atomic.write_json(state_dir / state.STARTUP, record)
         with open(state_dir / state.STARTS, "a") as fh:
