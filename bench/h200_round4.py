@@ -5,15 +5,19 @@ one H200 run returned and write the summary every figure of its README comes fro
     .venv/bin/python bench/h200_round4.py file TARBALL  # the runs in docs/results/h200-round4/, verdicts, summary.md
     .venv/bin/python bench/h200_round4.py summary        # summary.md again from what the folder holds
 
-The run (bench/machines/offline_gpu_run.py `start` with the experiments below, one after another in one results
-folder and store) measures, in this order: h200-round4-client-at-gpu-rates (vLLM 0.25.1), h200-round4-releases
-(0.25.1), h200-round4-releases-vllm-0.26.0, h200-round4-releases again (the run against itself). Here:
+Each run (bench/machines/offline_gpu_run.py `start` with some of the experiments below, one after another in one
+results folder and store) is filed from the tarball it returned: h200-round4-releases (vLLM 0.25.1; run again on a
+later host, `--as h200-round4-releases=vllm-0.25.1-again`), h200-round4-releases-vllm-0.26.0,
+h200-round4-releases-ngram (0.25.1 with the ngram config beside MTP), h200-round4-client-at-gpu-rates and its
+-rest. Here:
 
 - each run's folder is filed under docs/results/h200-round4/<name>/ (matrix, decisions, requests, report, cells,
   loop verdicts, server start-ups, locks) by offline_gpu_run's `collect`;
 - ``history.sqlite``: the results store; each filed run is added to it (as `speedmatrix history --add` adds)
   beside the runs filed before, from the same host or an earlier one (a run it has already adds nothing);
-- ``regress-releases/``: `speedmatrix regress` 0.25.1 -> 0.26.0; ``regress-self/``: 0.25.1 -> 0.25.1 again;
+  ``runs.json``: which store run each folder is;
+- ``regress-releases/``: `speedmatrix regress` 0.25.1 -> 0.26.0; ``regress-self/``: 0.25.1 against itself on one
+  host; ``regress-self-two-hosts/``: 0.25.1 on one host against 0.25.1 on another (VERDICTS);
 - ``summary.md``: the tables the README cites (idle power, energy per output / goodput token, losslessness,
   the open-loop steps with the client check beside vllm bench serve's achieved rates).
 """
@@ -44,23 +48,49 @@ RUNNER = REPO / "bench" / "machines" / "offline_gpu_run.py"
 BIN = REPO / ".venv" / "bin"
 RELEASES = "h200-round4-releases"
 # the tarball's folders -> where they are filed (the first run of a rerun experiment is kept as NAME@1)
-NAMES = {"h200-round4-client-at-gpu-rates": "client-at-gpu-rates", f"{RELEASES}-vllm-0.26.0": "vllm-0.26.0"}
+NAMES = {"h200-round4-client-at-gpu-rates": "client-at-gpu-rates", f"{RELEASES}-vllm-0.26.0": "vllm-0.26.0",
+         f"{RELEASES}-ngram": "vllm-0.25.1-ngram",
+         "h200-round4-client-at-gpu-rates-rest": "client-at-gpu-rates-rest"}
 # every filed run's folder name, in the summary's order
-RUNS = ("vllm-0.25.1", "vllm-0.26.0", "vllm-0.26.0-failed-start", "vllm-0.25.1-again", "client-at-gpu-rates")
+RUNS = ("vllm-0.25.1", "vllm-0.26.0", "vllm-0.26.0-failed-start", "vllm-0.25.1-ngram", "vllm-0.25.1-again",
+        "client-at-gpu-rates")
+# the verdicts written: (folder, base run, new run), each where runs.json names both runs
+VERDICTS = (("regress-releases", "vllm-0.25.1", "vllm-0.26.0"),
+            # one release against itself on one host: the ngram run's base and mtp2 cells, then the releases
+            # experiment right after it (the same server configs and cells)
+            ("regress-self", "vllm-0.25.1-ngram", "vllm-0.25.1-again"),
+            # one release on two hosts of one kind, a day or more apart
+            ("regress-self-two-hosts", "vllm-0.25.1", "vllm-0.25.1-again"))
 
 
 def folders(tar: tarfile.TarFile) -> list[str]:
     return sorted({m.name.split("/", 1)[0] for m in tar.getmembers() if "/" in m.name})
 
 
-def file_runs(tarball: Path) -> dict[str, str]:
-    """Each run of the tarball into DEST/<name>/; returns folder -> name."""
+def file_runs(tarball: Path, given: dict[str, str]) -> dict[str, str]:
+    """Each run of the tarball into DEST/<name>/ (GIVEN: folder -> name, over the defaults), its store run id into
+    runs.json; returns folder -> name. A name runs.json gives another run already is refused: a later host's run
+    never overwrites an earlier one's folder."""
     with tarfile.open(tarball) as tar:
         found = folders(tar)
         names = dict(NAMES)
         again = f"{RELEASES}@1" in found  # the releases experiment ran twice: its first run is NAME@1
         names[f"{RELEASES}@1"] = "vllm-0.25.1"
         names[RELEASES] = "vllm-0.25.1-again" if again else "vllm-0.25.1"
+        names.update(given)
+    ids = run_ids()
+    for folder in found:
+        with tempfile.TemporaryDirectory() as tmp, tarfile.open(tarball) as tar:
+            tar.extractall(tmp, members=[m for m in tar.getmembers()
+                                         if m.name.split("/", 1)[0] == folder
+                                         and ("/cells/" in m.name or m.name.endswith("/run-summary.json"))],
+                           filter="data")
+            (Path(tmp) / folder).mkdir(exist_ok=True)
+            rid = store.run_id(Path(tmp) / folder)
+        name = names.get(folder)
+        if name in ids and ids[name] != rid:
+            raise SystemExit(f"{tarball}: its folder {folder} would be filed as {name}, which runs.json gives run "
+                             f"{ids[name]} already (this one is {rid}): name it with --as {folder}=NEW-NAME")
     filed = {}
     for folder in found:
         if folder not in names:
@@ -76,13 +106,14 @@ def file_runs(tarball: Path) -> dict[str, str]:
                 rederive(run, experiment, DEST / names[folder])
             # into the folder's store beside the runs filed before (from this host or an earlier one): a run
             # the store has already adds nothing
-            store.add(run, DEST / "history.sqlite")
+            ids[names[folder]] = store.add(run, DEST / "history.sqlite")[0]
             # where the run's wall time went (its job logs stay out of the repository: the split is kept)
             split = subprocess.run([str(BIN / "speedmatrix"), "walltime", str(run)], capture_output=True, text=True)
             (DEST / names[folder] / "walltime.txt").write_text(
                 split.stdout.replace(str(run), names[folder]) + split.stderr.replace(str(run), names[folder]))
         slim(DEST / names[folder])
         filed[folder] = names[folder]
+    (DEST / "runs.json").write_text(json.dumps(ids, indent=1) + "\n")
     return filed
 
 
@@ -109,27 +140,14 @@ def rederive(run: Path, experiment: str, dest: Path) -> None:
 
 
 def run_ids() -> dict[str, str]:
-    """name -> the store's run id: the runs in the order they started (the releases experiment's first run is
-    0.25.1, its second the run against itself). None came back without the store (a run cut short)."""
-    if not (DEST / "history.sqlite").exists():
-        return {}
-
-    # a run that started no cell (its servers failed) has no start: it sorts first, so that a later run of the
-    # same experiment that measured is the one named
-    runs = store.runs(DEST / "history.sqlite").sort_values("started_at", na_position="first")
-    out = {}
-    for r in runs.itertuples():
-        if r.experiment == RELEASES:
-            out["vllm-0.25.1-again" if "vllm-0.25.1" in out else "vllm-0.25.1"] = r.run_id
-        elif r.experiment in NAMES:
-            out[NAMES[r.experiment]] = r.run_id
-    return out
+    """name -> the store's run id of each run filed here (runs.json, which `file` writes as it adds each run)."""
+    ids = DEST / "runs.json"
+    return json.loads(ids.read_text()) if ids.exists() else {}
 
 
 def verdicts(ids: dict[str, str]) -> dict[str, int]:
     codes = {}
-    for out, base, new in (("regress-releases", "vllm-0.25.1", "vllm-0.26.0"),
-                           ("regress-self", "vllm-0.25.1", "vllm-0.25.1-again")):
+    for out, base, new in VERDICTS:
         if base not in ids or new not in ids:
             continue
         done = subprocess.run([str(BIN / "speedmatrix"), "regress", ids[base], ids[new], "--store",
@@ -300,6 +318,9 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("file")
     f.add_argument("tarball", type=Path)
+    f.add_argument("--as", dest="given", action="append", default=[], metavar="FOLDER=NAME",
+                   type=lambda v: tuple(v.split("=", 1)),
+                   help="file the tarball's FOLDER as NAME (default: the experiment's usual name)")
     sub.add_parser("summary")
     ap.add_argument("--dest", type=Path, default=DEST, help="the folder (default docs/results/h200-round4)")
     ns = ap.parse_args()
@@ -308,10 +329,9 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp) / ns.tarball.name
             shutil.copyfile(ns.tarball, local)
-            print(json.dumps(file_runs(local)))
+            print(json.dumps(file_runs(local, dict(ns.given))))
         ids = run_ids()
         print(json.dumps({"runs": ids, "regress_exit": verdicts(ids)}))
-        (DEST / "runs.json").write_text(json.dumps(ids, indent=1) + "\n")
     print(f"wrote {summary()}")
     return 0
 
