@@ -50,17 +50,21 @@ RELEASES = "h200-round4-releases"
 # the tarball's folders -> where they are filed (the first run of a rerun experiment is kept as NAME@1)
 NAMES = {"h200-round4-client-at-gpu-rates": "client-at-gpu-rates", f"{RELEASES}-vllm-0.26.0": "vllm-0.26.0",
          f"{RELEASES}-ngram": "vllm-0.25.1-ngram",
-         "h200-round4-client-at-gpu-rates-rest": "client-at-gpu-rates-rest"}
+         "h200-round4-client-at-gpu-rates-rest": "client-at-gpu-rates-rest",
+         # ngram beside the target alone, the two servers the losslessness check needs (run on an H100)
+         "h200-round4-ngram": "ngram-h100"}
 # every filed run's folder name, in the summary's order
 RUNS = ("vllm-0.25.1", "vllm-0.26.0", "vllm-0.26.0-failed-start", "vllm-0.25.1-ngram", "vllm-0.25.1-again",
-        "client-at-gpu-rates")
+        "ngram-h100", "client-at-gpu-rates")
 # the verdicts written: (folder, base run, new run), each where runs.json names both runs
 VERDICTS = (("regress-releases", "vllm-0.25.1", "vllm-0.26.0"),
             # one release against itself on one host: the ngram run's base and mtp2 cells, then the releases
             # experiment right after it (the same server configs and cells)
             ("regress-self", "vllm-0.25.1-ngram", "vllm-0.25.1-again"),
             # one release on two hosts of one kind, a day or more apart
-            ("regress-self-two-hosts", "vllm-0.25.1", "vllm-0.25.1-again"))
+            ("regress-self-two-hosts", "vllm-0.25.1", "vllm-0.25.1-again"),
+            # one release on an H200 and on an H100: the cells both runs have (the target alone)
+            ("regress-h200-h100", "vllm-0.25.1", "ngram-h100"))
 
 
 def folders(tar: tarfile.TarFile) -> list[str]:

@@ -263,3 +263,28 @@ def test_the_verdict_says_where_each_run_ran():
                                          {"run_id": "x", "status": "complete", **one},
                                          {"run_id": "y", "status": "complete", **other}))
     assert "- Where: two machines; host probe 12 ms against 15 ms" in printed
+
+
+def test_run_to_run_noise_is_read_only_from_runs_on_a_machine_of_the_same_kind(recorded, tmp_path):
+    """The minimum effect counts the spread of a cell over the store's other runs of the same runtime; a run of
+    that runtime on another kind of machine (here another GPU) differs by the machine, not by noise, and is left
+    out. A run of a release on an H100 once widened an H200 verdict's minimum effect past the slowdown it judged."""
+    from speedmatrix.report import regression
+
+    base, slow, _ = recorded
+    again = tmp_path / "again"  # the same runtime measured once more: another run of the store
+    shutil.copytree(base, again)
+    for doc_path in (again / "cells").glob("*/*.json"):
+        doc = json.loads(doc_path.read_text())
+        doc["result"]["started_at"] = "2026-12-04T10:00:00+0000"
+        doc_path.write_text(json.dumps(doc))
+    db = tmp_path / "history.sqlite"
+    ids = [store.add(run, db)[0] for run in (base, slow, again)]
+    assert len(set(ids)) == 3
+    rows = store.runs(db).set_index("run_id")
+    b, n = ({**rows.loc[i].to_dict(), "run_id": i} for i in ids[:2])
+    assert regress.machine_kind(b) == regress.machine_kind(rows.loc[ids[2]].to_dict())
+    assert [len(side) for side in regression.siblings(db, b, n)] == [1, 1]
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE runs SET gpu_name = 'NVIDIA H100 80GB HBM3' WHERE run_id = ?", (ids[2],))
+    assert regression.siblings(db, b, n) == ([], [])

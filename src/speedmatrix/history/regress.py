@@ -233,6 +233,18 @@ def exit_code(table: pd.DataFrame) -> int:
 HOST_PROBE_LIMIT = 0.05  # two runs' host probes further apart than this: the hosts' pace differs
 
 
+# what makes two runs' machines of one kind: the run-to-run noise of a runtime is read only from its runs on
+# machines of the run's kind (an H100's run of a release beside an H200's is a different machine, not noise)
+MACHINE_KIND = ("gpu_name", "cpu_model", "cpu_count")
+
+
+def machine_kind(row: dict[str, Any] | pd.Series) -> tuple:
+    """The run's kind of machine (MACHINE_KIND's values; None where it recorded none)."""
+    def one(v: Any) -> Any:
+        return None if v is None or (isinstance(v, float) and np.isnan(v)) else str(v)
+    return tuple(one(row.get(k)) for k in MACHINE_KIND)
+
+
 def hosts(base: dict[str, Any], new: dict[str, Any]) -> str | None:
     """What the two runs' manifests say of where they ran, as a sentence (None when neither recorded the host's ids
     or probe: a store made before them): one host and one boot, or two machines; and, where both probed the host

@@ -105,9 +105,9 @@ def blocks(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any], level
                  "95 % interval from a bootstrap over requests within each repeat; a verdict needs the interval to "
                  "exclude no change and the change to reach the minimum effect (the user's, or twice the cell's own "
                  "noise: its repeats' spread, each run's interval, and its spread across the store's other runs of "
-                 "the same runtime where there are some). Latency figures only where both runs' tokens streamed as "
-                 "made. Cells measured differently, searches, and cells without a figure in either run are not "
-                 "compared."),
+                 "the same runtime on a machine of the same kind, GPU, CPU model and core count, where there are "
+                 "some). Latency figures only where both runs' tokens streamed as made. Cells measured "
+                 "differently, searches, and cells without a figure in either run are not compared."),
             verdict_table(table), *extra]
 
 
@@ -292,15 +292,19 @@ def side(ref: str | Path, history_path: str | Path | None) -> tuple[dict[str, An
 
 
 def siblings(history_path: str | Path | None, base: dict[str, Any], new: dict[str, Any]) -> tuple[list, list]:
-    """The store's other runs of BASE's runtime and of NEW's (their cells and requests): each cell's run-to-run
-    spread for the minimum effect."""
+    """The store's other runs of BASE's runtime and of NEW's on a machine of the same kind (their cells and
+    requests): each cell's run-to-run spread for the minimum effect. A run of the runtime on another kind of
+    machine (another GPU, CPU model or core count) is left out: its difference is the machine's, not noise."""
     out: tuple[list, list] = ([], [])
     if not history_path or not Path(history_path).exists():
         return out
     stored = store.runs(history_path)
     for found, row in zip(out, (base, new)):
+        kind = rg.machine_kind(row)
         same = stored[(stored["runtime_ref"] == row.get("runtime_ref"))
-                      & ~stored["run_id"].isin([base["run_id"], new["run_id"]])]
+                      & ~stored["run_id"].isin([base["run_id"], new["run_id"]])
+                      & pd.Series([rg.machine_kind(r) == kind for r in stored.to_dict("records")],
+                                  index=stored.index, dtype=bool)]
         found += [(store.cells(history_path, rid), store.requests(history_path, rid)) for rid in same["run_id"]]
     return out
 
