@@ -35,8 +35,9 @@ The workflow runs detached (its own session) so that it outlives one remote
 command (10 minutes at most); the host stays up while commands follow each
 other within its 30 s idle window. The server stops when the workflow ends.
 
-Make the first remote command alone and the rest only once a machine has come: a refused call still costs
-device time (a batch of part uploads sent while none came once spent nearly half of the allowance).
+Send the first remote command alone and the rest only once a host has answered it: a command sent while no host
+was up still counts against how long the run has on the host (a batch of part uploads sent then once cost nearly
+half of it).
 
 Copy what a remote command returns out of the folder its files come back to at once: a later
 command's files can take the same folder (a results tarball was lost that way).
@@ -101,8 +102,8 @@ def plan(ns: argparse.Namespace) -> int:
         print(f"no bundle parts: run `python3 {SELF} build` first", file=sys.stderr)
         return 2
     print("# one remote command a part (carry the part, copy it out), back to back; the last starts the run.")
-    print("# Make the first call alone and the rest only once a machine has come: when none comes, every call")
-    print("# after it is refused, and each refusal still costs device time.")
+    print("# Send the first command alone and the rest only once a host has answered it: a command sent while")
+    print("# no host is up still counts against how long the run has on the host.")
     for name in parts:
         print(json.dumps({"carry": [f".gk/{name}"], "command": f"cp .gk/{name} /tmp/kit.{name}"}))
     print(json.dumps({"command": f"python3 {SELF} start {ns.experiment} && "
