@@ -16,8 +16,9 @@ h200-round4-releases-ngram (0.25.1 with the ngram config beside MTP), h200-round
 - ``history.sqlite``: the results store; each filed run is added to it (as `speedmatrix history --add` adds)
   beside the runs filed before, from the same host or an earlier one (a run it has already adds nothing);
   ``runs.json``: which store run each folder is;
-- ``regress-releases/``: `speedmatrix regress` 0.25.1 -> 0.26.0; ``regress-self/``: 0.25.1 against itself on one
-  host; ``regress-self-two-hosts/``: 0.25.1 on one host against 0.25.1 on another (VERDICTS);
+- ``regress-releases/``: `speedmatrix regress` 0.25.1 -> 0.26.0; ``regress-self/`` and ``regress-self-ngram-run/``:
+  0.25.1 against itself on one host; ``regress-self-two-hosts/``: 0.25.1 on one host against 0.25.1 on another
+  (VERDICTS; runs filed under other names than the defaults, e.g. from an H100 host, are named with --as);
 - ``summary.md``: the tables the README cites (idle power, energy per output / goodput token, losslessness,
   the open-loop steps with the client check beside vllm bench serve's achieved rates).
 """
@@ -55,14 +56,18 @@ NAMES = {"h200-round4-client-at-gpu-rates": "client-at-gpu-rates", f"{RELEASES}-
          "h200-round4-ngram": "ngram-h100"}
 # every filed run's folder name, in the summary's order
 RUNS = ("vllm-0.25.1", "vllm-0.26.0", "vllm-0.26.0-failed-start", "vllm-0.25.1-ngram", "vllm-0.25.1-again",
-        "ngram-h100", "client-at-gpu-rates")
+        "ngram-h100", "vllm-0.25.1-ngram-h100", "vllm-0.25.1-h100", "vllm-0.25.1-h100-again",
+        "client-at-gpu-rates", "client-at-gpu-rates-rest-h100")
+# the open-loop steps' folders: each step from the folder that measured it (the machine in its run's provenance)
+CLIENT_RUNS = ("client-at-gpu-rates", "client-at-gpu-rates-rest-h100")
 # the verdicts written: (folder, base run, new run), each where runs.json names both runs
 VERDICTS = (("regress-releases", "vllm-0.25.1", "vllm-0.26.0"),
-            # one release against itself on one host: the ngram run's base and mtp2 cells, then the releases
-            # experiment right after it (the same server configs and cells)
-            ("regress-self", "vllm-0.25.1-ngram", "vllm-0.25.1-again"),
-            # one release on two hosts of one kind, a day or more apart
-            ("regress-self-two-hosts", "vllm-0.25.1", "vllm-0.25.1-again"),
+            # one release against itself on one host: the releases experiment twice, one run right after the other
+            ("regress-self", "vllm-0.25.1-h100", "vllm-0.25.1-h100-again"),
+            # and the ngram experiment's base and mtp2 cells against the releases experiment run right after it
+            ("regress-self-ngram-run", "vllm-0.25.1-ngram-h100", "vllm-0.25.1-h100"),
+            # one release on two hosts of one kind, a day apart (the cells both have: the target alone)
+            ("regress-self-two-hosts", "ngram-h100", "vllm-0.25.1-h100"),
             # one release on an H200 and on an H100: the cells both runs have (the target alone)
             ("regress-h200-h100", "vllm-0.25.1", "ngram-h100"))
 
@@ -193,7 +198,8 @@ def _startups(name: str) -> pd.DataFrame:
         rows.append({"run": name, "server": f.parent.name, "vLLM": d.get("vllm_version"),
                      "started": d.get("started_at"), "start s": d.get("startup_seconds"),
                      "idle power W": d.get("gpu_idle_power_w"), "idle window s": d.get("gpu_idle_window_s"),
-                     "settled": d.get("gpu_idle_settled", "not checked")})
+                     "settled": d.get("gpu_idle_settled", "not checked"),
+                     "host probe ms": d.get("host_probe_ms")})
     return pd.DataFrame(rows)
 
 
@@ -226,12 +232,15 @@ def summary() -> Path:
     runs = [n for n in RUNS if (DEST / n / "matrix.parquet").exists()]
     out = ["# h200-round4: what the run's files say (written by bench/h200_round4.py from the folders beside it)", ""]
     filed = [n for n in RUNS if (DEST / n / "servers").is_dir()]
-    starts = pd.concat([_startups(n) for n in filed], ignore_index=True) if filed else pd.DataFrame()
+    frames = [f for f in (_startups(n) for n in filed) if len(f)]
+    starts = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     out += ["## Server starts and the GPU's idle power before each", "",
             "From each run's `servers/<config>/startup.json` (`gpu_idle_power_w`: NVML, sampled before the server "
             "started; `settled`: whether the power had stopped falling; \"not checked\": one window of "
             "`gpu_idle_window_s` right before the start, as the workflow sampled before it waited for the power "
-            "to settle).", "", _table(starts) if len(starts) else "(none)", ""]
+            "to settle; `host probe ms`: the fastest of nine timings of a fixed piece of Python on the core the "
+            "workflow ran on, before the start, absent in runs made before it was recorded).", "",
+            _table(starts) if len(starts) else "(none)", ""]
     failed = [f for f in (_failed_starts(n) for n in filed) if len(f)]
     if failed:
         out += ["## Servers that failed to start", "",
@@ -239,7 +248,7 @@ def summary() -> Path:
                 _table(pd.concat(failed, ignore_index=True)), ""]
     energy = []
     for n in runs:
-        if n == "client-at-gpu-rates":
+        if n in CLIENT_RUNS:
             continue
         m = pd.read_parquet(DEST / n / "matrix.parquet")
         # a server started right after another stopped may read its GPU above idle (the power still falling):
@@ -264,10 +273,11 @@ def summary() -> Path:
             "From each run's `matrix.parquet` (`lossless_*`: the losslessness check of each speculative config "
             "against the config without speculation, at the cells' sampling).", "",
             _table(pd.DataFrame(lossless)) if lossless else "(none)", ""]
-    if "client-at-gpu-rates" in runs:
-        m = pd.read_parquet(DEST / "client-at-gpu-rates" / "matrix.parquet").sort_values("offered_rate_rps")
+    rows = []
+    for n in (c for c in CLIENT_RUNS if c in runs):
+        m = pd.read_parquet(DEST / n / "matrix.parquet").sort_values("offered_rate_rps")
         ref = {}
-        for f in (DEST / "client-at-gpu-rates" / "reference").glob("*/*.json"):
+        for f in (DEST / n / "reference").glob("*/*.json"):
             d = json.loads(f.read_text())
             # its median over rounds, else its one round as it ended (a failed round says so)
             rounds = (d.get("runs") or {}).get("vllm_bench_serve") or [{}]
@@ -279,20 +289,25 @@ def summary() -> Path:
                                              "its CPU s / wall s": (row.get("client_cpu_s") or 0)
                                              / (row.get("process_wall_s") or float("nan")),
                                              "its round": "failed" if row.get("error") else "ok"}
-        judged = _saturation_now(DEST / "client-at-gpu-rates" / "requests.parquet")
+        judged = _saturation_now(DEST / n / "requests.parquet")
         ours = {r["cell_id"]: r for r in m.to_dict("records")}
-        rows = []
+        gpu = m["gpu_name"].dropna().iloc[0] if m["gpu_name"].notna().any() else None
         # every step either client measured (a run cut short may have one client's step and not the other's)
         for cell in sorted(set(ours) | set(ref), key=lambda c: float(c.split("-r")[-1].split("-")[0])):
             r = ours.get(cell, {})
-            rows.append({"cell": cell, **{label: r.get(col) for col, label in RATES},
+            rows.append({"run": n, "GPU": gpu, "cell": cell, **{label: r.get(col) for col, label in RATES},
                          "saturated repeats (today's rule)": judged.get(cell), **ref.get(cell, {})})
+    if rows:
+        rows.sort(key=lambda r: r["offered req/s"] if pd.notna(r["offered req/s"]) else
+                  float(r["cell"].split("-r")[-1].split("-")[0]))
         out += ["## The client at a GPU's request rates", "",
-                "From `client-at-gpu-rates/matrix.parquet` (speedmatrix's cells, the client check on each) and "
-                "`client-at-gpu-rates/reference/*/*.json` (vllm bench serve sending the same arrivals, one round: "
-                "its completed requests over its duration). `status` is the cell's as measured; the saturated "
-                "repeats are judged again from `client-at-gpu-rates/requests.parquet` by the workflow's saturation "
-                "rule as it is now (`speedmatrix.measure.arrivals.saturation`, per repeat).", "",
+                "From each run's `matrix.parquet` (speedmatrix's cells, the client check on each; `GPU` its "
+                "`gpu_name`) and `reference/*/*.json` (vllm bench serve sending the same arrivals, one round: "
+                "its completed requests over its duration), the steps of "
+                + " and ".join(f"`{c}/`" for c in CLIENT_RUNS) + " in one table by offered rate. `status` is "
+                "the cell's as measured; the saturated repeats are judged again from the run's "
+                "`requests.parquet` by the workflow's saturation rule as it is now "
+                "(`speedmatrix.measure.arrivals.saturation`, per repeat).", "",
                 _table(pd.DataFrame(rows)), ""]
     cap = DEST / "client-capacity" / "client_capacity.json"
     if cap.exists():  # bench/client_capacity.py run on the GPU host (its --out), the client pinned to its cores
@@ -311,6 +326,30 @@ def summary() -> Path:
                 f"--rounds {d['rounds']} --client-cores {d['client_core']}`: speedmatrix's client against the local "
                 f"streamer on core {d['streamer_core']}, {d['cores']} cores, {d['cpu_model']}, Python "
                 f"{d['python']}).", "", _table(pd.DataFrame(rows)), ""]
+    pairs = []
+    for folder, base, new in VERDICTS:
+        csv = DEST / folder / "regress.csv"
+        if not csv.exists():
+            continue
+        v = pd.read_csv(csv)
+        judged = v[v["verdict"].isin(["slower", "faster", "no change"])]
+        cells = judged.groupby(["server_id", "cell_id"])["verdict"].agg(set)
+        big = judged.loc[judged["change"].abs().idxmax()] if len(judged) else None
+        pairs.append({"verdict": f"{folder}/", "base run": base, "new run": new, "cells judged": len(cells),
+                      "cells slower": int(sum("slower" in c for c in cells)),
+                      "cells faster": int(sum("faster" in c and "slower" not in c for c in cells)),
+                      "figures judged": len(judged),
+                      "figures whose interval excludes no change": int(((judged["ci_low"] > 0)
+                                                                         | (judged["ci_high"] < 0)).sum()),
+                      "largest change": None if big is None else
+                      f"{big['change']:+.1%} ({big['server_id']} {big['cell_id'].split('-')[2]} {big['figure']}, "
+                      f"minimum effect {big['min_effect']:.1%})"})
+    out += ["## The verdicts, and how often one fires between runs of one release", "",
+            "From each verdict's `regress.csv` (`speedmatrix regress BASE NEW`, one row a cell's figure): a cell "
+            "is slower if any of its figures is. `figures whose interval excludes no change` counts the figures "
+            "a test of the 95 % interval alone would have called changed, without the minimum effect; "
+            "`largest change` is the figure whose change was largest in size.", "",
+            _table(pd.DataFrame(pairs)) if pairs else "(none)", ""]
     out += ["## Left out", "", f"Each run's folder here leaves out {SLIMMED}.", ""]
     path = DEST / "summary.md"
     path.write_text("\n".join(out))

@@ -9,7 +9,7 @@ CUDA torch in a venv, no package index, takes commands of at most 10 minutes, ca
 with each command and returns files from $OUT. On a GPU host you can copy a folder to, none of this is needed:
 docs/gpu.md, "A GPU host with no package index". Below, R is bench/machines/offline_gpu_run.py.
 
-    python3 $R build [--peers] [--env LOCK] [--part 40m]
+    python3 $R build [--peers] [--env LOCK] [--part 32m]
         # here: the bundle in .gk/bundle/, cut into .gk/b00, .gk/b01, ... (--peers: AIPerf and GuideLLM too, the
         # reference rule's clients; --env envs/versions/X.lock: another vLLM release, installed there in
         # .versions/X/ by `make version`; --part: the size of a part, what one command carries beside the tree)
@@ -62,7 +62,7 @@ BUNDLE = KIT / "bundle"
 # the host's packages (its `python3 -m pip list --format=freeze`): left out of its bundle
 HOST_PACKAGES = "bench/machines/h200-host-packages.txt"
 PEER_LOCKS = ["envs/peers/aiperf.lock", "envs/peers/guidellm.lock"]
-PART = "40m"  # a part per remote command: one command carries 64 MiB with the tracked tree (about 22 MB)
+PART = "32m"  # a part per remote command: one command carries 64 MiB with the tree (29 MB in December 2026)
 WORK = "/tmp/smx"  # on the device
 ON_HOST = Path("/tmp/bundle")  # the bundle joined again there
 PY = REPO / ".venv" / "bin" / "python"
@@ -96,10 +96,29 @@ def build(ns: argparse.Namespace) -> int:
     return 0
 
 
+CARRY = 64 * 2**20  # what one remote command carries: the tree and the paths it names
+
+
+def tree_bytes() -> int:
+    """The bytes a remote command carries of the repository itself: its tracked files and those git does not
+    ignore (the tree grows with every result filed, so a part that fitted once may not)."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, check=True).stdout.split(b"\0")
+    return sum((REPO / f.decode()).stat().st_size for f in files if f and (REPO / f.decode()).is_file())
+
+
 def plan(ns: argparse.Namespace) -> int:
     parts = sorted(p.name for p in KIT.glob("b[0-9][0-9]"))
     if not parts:
         print(f"no bundle parts: run `python3 {SELF} build` first", file=sys.stderr)
+        return 2
+    tree = tree_bytes()
+    biggest = max((KIT / name).stat().st_size for name in parts)
+    if tree + biggest > CARRY:
+        fits = (CARRY - tree) // 2**20 - 1
+        print(f"a part ({biggest / 2**20:.0f} MiB) and the repository's tree ({tree / 2**20:.1f} MiB) are more than "
+              f"one command carries ({CARRY // 2**20} MiB): cut the parts smaller, `python3 {SELF} build --part "
+              f"{fits}m` (the bundle is kept, only cut again)", file=sys.stderr)
         return 2
     print("# one remote command a part (carry the part, copy it out), back to back; the last starts the run.")
     print("# Send the first command alone and the rest only once a host has answered it: a command sent while")
@@ -141,8 +160,18 @@ def unpack() -> None:
         parts = sorted(Path("/tmp").glob("kit.b[0-9][0-9]"))
         if not parts:
             raise SystemExit("no bundle parts in /tmp: carry them first (`plan` prints the commands)")
-        ON_HOST.mkdir(parents=True, exist_ok=True)
-        subprocess.run(f"cat {' '.join(map(str, parts))} | tar -xf - -C {ON_HOST}", shell=True, check=True)
+        have = {int(p.name[-2:]) for p in parts}
+        missing = [f"b{i:02d}" for i in range(max(have) + 1) if i not in have]
+        if missing:  # a host handed back between two parts comes back fresh: the parts before are gone
+            raise SystemExit(f"bundle parts {', '.join(missing)} are not in /tmp (a fresh host?): carry them again "
+                             "(`plan` prints their commands), then start again")
+        # joined beside, moved into place only whole: a join that fails leaves nothing a later start would trust
+        partial = ON_HOST.with_name(ON_HOST.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        subprocess.run(f"cat {' '.join(map(str, parts))} | tar -xf - -C {partial}", shell=True, check=True)
+        shutil.rmtree(ON_HOST, ignore_errors=True)
+        partial.rename(ON_HOST)
     Path(WORK).mkdir(parents=True, exist_ok=True)
     if not (REPO / ".venv" / ".speedmatrix-installed").exists():
         _make(["install", f"WHEELS={ON_HOST}", "ENGINE=cuda"], f"{WORK}/install.log")
