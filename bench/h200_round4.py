@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from speedmatrix.core.table import Table, markdown  # noqa: E402
-from speedmatrix.history import store  # noqa: E402
+from speedmatrix.history import regress, store  # noqa: E402
 from speedmatrix.measure import arrivals, telemetry  # noqa: E402
 from speedmatrix.serve.broker import complaint  # noqa: E402
 
@@ -275,7 +275,7 @@ def summary() -> Path:
             _table(pd.DataFrame(lossless)) if lossless else "(none)", ""]
     rows = []
     for n in (c for c in CLIENT_RUNS if c in runs):
-        m = pd.read_parquet(DEST / n / "matrix.parquet").sort_values("offered_rate_rps")
+        m = pd.read_parquet(DEST / n / "matrix.parquet")
         ref = {}
         for f in (DEST / n / "reference").glob("*/*.json"):
             d = json.loads(f.read_text())
@@ -293,13 +293,12 @@ def summary() -> Path:
         ours = {r["cell_id"]: r for r in m.to_dict("records")}
         gpu = m["gpu_name"].dropna().iloc[0] if m["gpu_name"].notna().any() else None
         # every step either client measured (a run cut short may have one client's step and not the other's)
-        for cell in sorted(set(ours) | set(ref), key=lambda c: float(c.split("-r")[-1].split("-")[0])):
+        for cell in set(ours) | set(ref):
             r = ours.get(cell, {})
             rows.append({"run": n, "GPU": gpu, "cell": cell, **{label: r.get(col) for col, label in RATES},
                          "saturated repeats (today's rule)": judged.get(cell), **ref.get(cell, {})})
     if rows:
-        rows.sort(key=lambda r: r["offered req/s"] if pd.notna(r["offered req/s"]) else
-                  float(r["cell"].split("-r")[-1].split("-")[0]))
+        rows.sort(key=lambda r: (float(r["cell"].split("-r")[-1].split("-")[0]), r["run"]))  # the cell id's rate
         out += ["## The client at a GPU's request rates", "",
                 "From each run's `matrix.parquet` (speedmatrix's cells, the client check on each; `GPU` its "
                 "`gpu_name`) and `reference/*/*.json` (vllm bench serve sending the same arrivals, one round: "
@@ -332,12 +331,12 @@ def summary() -> Path:
         if not csv.exists():
             continue
         v = pd.read_csv(csv)
-        judged = v[v["verdict"].isin(["slower", "faster", "no change"])]
-        cells = judged.groupby(["server_id", "cell_id"])["verdict"].agg(set)
+        judged = v[v["verdict"] != regress.NOT_COMPARABLE]
+        cells = regress.cell_verdicts(judged)["verdict"]
         big = judged.loc[judged["change"].abs().idxmax()] if len(judged) else None
         pairs.append({"verdict": f"{folder}/", "base run": base, "new run": new, "cells judged": len(cells),
-                      "cells slower": int(sum("slower" in c for c in cells)),
-                      "cells faster": int(sum("faster" in c and "slower" not in c for c in cells)),
+                      "cells slower": int((cells == regress.SLOWER).sum()),
+                      "cells faster": int((cells == regress.FASTER).sum()),
                       "figures judged": len(judged),
                       "figures whose interval excludes no change": int(((judged["ci_low"] > 0)
                                                                          | (judged["ci_high"] < 0)).sum()),

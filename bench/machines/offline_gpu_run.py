@@ -9,7 +9,7 @@ CUDA torch in a venv, no package index, takes commands of at most 10 minutes, ca
 with each command and returns files from $OUT. On a GPU host you can copy a folder to, none of this is needed:
 docs/gpu.md, "A GPU host with no package index". Below, R is bench/machines/offline_gpu_run.py.
 
-    python3 $R build [--peers] [--env LOCK] [--part 32m]
+    python3 $R build [--peers] [--env LOCK] [--part 28m]
         # here: the bundle in .gk/bundle/, cut into .gk/b00, .gk/b01, ... (--peers: AIPerf and GuideLLM too, the
         # reference rule's clients; --env envs/versions/X.lock: another vLLM release, installed there in
         # .versions/X/ by `make version`; --part: the size of a part, what one command carries beside the tree)
@@ -62,7 +62,8 @@ BUNDLE = KIT / "bundle"
 # the host's packages (its `python3 -m pip list --format=freeze`): left out of its bundle
 HOST_PACKAGES = "bench/machines/h200-host-packages.txt"
 PEER_LOCKS = ["envs/peers/aiperf.lock", "envs/peers/guidellm.lock"]
-PART = "32m"  # a part per remote command: one command carries 64 MiB with the tree (29 MB in December 2026)
+PART = "28m"  # a part per remote command: one command carries 64 MiB with the tree (35 MiB on 2026-12-05)
+CARRY = 64 * 2**20  # what one remote command carries: the tree and the paths it names
 WORK = "/tmp/smx"  # on the device
 ON_HOST = Path("/tmp/bundle")  # the bundle joined again there
 PY = REPO / ".venv" / "bin" / "python"
@@ -94,9 +95,6 @@ def build(ns: argparse.Namespace) -> int:
     for p in sorted(KIT.glob("b[0-9][0-9]")):
         print(p.name, p.stat().st_size)
     return 0
-
-
-CARRY = 64 * 2**20  # what one remote command carries: the tree and the paths it names
 
 
 def tree_bytes() -> int:
