@@ -143,10 +143,11 @@ PEER_STAMPS := $(foreach p,$(PEERS),.peers/$(p)/.installed)
 
 peers: $(PEER_STAMPS)
 
-.peers/%/.installed: envs/peers/%.lock
+# uv installs them (the one .venv brings), as it installs the package: with pip they took 146 s of CI's set-up
+# (docs/results/ci/2026-12-05-b3feef6.tail.txt), its longest step.
+.peers/%/.installed: envs/peers/%.lock $(STAMP)
 	$(PYTHON) -m venv .peers/$*
-	.peers/$*/bin/python -m pip install --quiet --disable-pip-version-check $(PIP_EXTRA) pip==$(PIP_PIN)
-	.peers/$*/bin/python -m pip install --disable-pip-version-check $(PIP_EXTRA) -r envs/peers/$*.lock
+	$(UV) install --python .peers/$*/bin/python --compile-bytecode $(UV_EXTRA) -r envs/peers/$*.lock
 	touch $@
 
 # ruff (rules in pyproject.toml) on the Python, then Snakemake's own linter and snakefmt.

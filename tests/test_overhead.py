@@ -134,3 +134,21 @@ def test_a_server_started_inside_the_losslessness_check_is_counted_once(tmp_path
     assert parts["other jobs while no server was used (pin, models, loops, aggregate, report)"] == \
         pytest.approx(4.0, abs=0.01)
     assert sum(parts.values()) == pytest.approx(got["wall_s"] + 1, abs=0.01)  # one-second stamps: a second a span
+
+
+def test_a_damaged_result_file_is_named_not_a_traceback(tmp_path, capsys):
+    """A cell JSON cut short (a disk filled, a copy stopped) stops the analysis with the file named and what to do."""
+    run = tmp_path / "run"
+    write_log(run / "logs/cells/base/decode-a.log", "10:00:00", "10:00:30")
+    (run / "cells/base").mkdir(parents=True)
+    (run / "cells/base/decode-a.json").write_text('{"result": {"measured_s": 2')
+    assert cli.main(["walltime", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "cells/base/decode-a.json: not JSON" in err and "run the workflow again" in err
+    assert "Traceback" not in err
+    # a damaged line of a server's start record is named with its line
+    (run / "cells/base/decode-a.json").write_text(json.dumps({"result": {"measured_s": 2.0}}))
+    (run / "servers/base").mkdir(parents=True)
+    (run / "servers/base/starts.jsonl").write_text(json.dumps({"startup_seconds": 4.0}) + "\n{\"startup_")
+    assert cli.main(["walltime", str(run)]) == 2
+    assert "servers/base/starts.jsonl: line 2 is not JSON" in capsys.readouterr().err

@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .errors import ResultFileError
+
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
@@ -32,8 +34,15 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def read_json(path: str | os.PathLike) -> Any:
+    """The JSON in ``path``; one that is not JSON raises :class:`ResultFileError` naming the file and where it
+    stops being JSON (a ``ValueError`` too, as ``json`` raises)."""
     with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+        try:
+            return json.load(fh)
+        except json.JSONDecodeError as err:
+            raise ResultFileError(
+                f"{path}: not JSON ({err.msg} at line {err.lineno}, column {err.colno}): the file is damaged; "
+                "delete it and run the workflow again to make it anew (only the job that wrote it reruns)") from err
 
 
 def read_json_if_there(path: str | os.PathLike) -> Any | None:

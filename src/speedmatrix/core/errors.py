@@ -50,3 +50,7 @@ class BundleError(SpeedmatrixError):
 
 class StoreError(SpeedmatrixError):
     """The results store (history.sqlite) or a run asked of it: not there, not a run, ambiguous."""
+
+
+class ResultFileError(SpeedmatrixError, ValueError):
+    """A file a run wrote that cannot be read back (damaged, cut short): names the file and says what to do."""
