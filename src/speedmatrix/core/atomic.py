@@ -45,6 +45,21 @@ def read_json(path: str | os.PathLike) -> Any:
                 "delete it and run the workflow again to make it anew (only the job that wrote it reruns)") from err
 
 
+def read_jsonl(path: str | os.PathLike) -> list[Any]:
+    """Every record of a JSON-lines file (blank lines skipped); a line that is not JSON raises
+    :class:`ResultFileError` naming the file and the line."""
+    out = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ResultFileError(f"{path}: line {n} is not JSON ({err.msg}): the file is damaged; delete the line "
+                                  "(or the file, and run the jobs that wrote it again)") from err
+    return out
+
+
 def read_json_if_there(path: str | os.PathLike) -> Any | None:
     """The JSON in ``path``, or None where there is none to read: missing (a state file another process
     removes when it ends) or not JSON. Where a file must be there, :func:`read_json` raises instead."""

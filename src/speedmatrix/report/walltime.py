@@ -18,23 +18,13 @@ the scheduler's own time and the idle gaps between jobs.
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from ..core.atomic import read_json
-from ..core.errors import ResultFileError
+from ..core.atomic import read_json, read_jsonl
 
 STAMP = re.compile(r"^\[(\d\d):(\d\d):(\d\d)(\.\d+)?\]")
-
-
-def _json_line(path: Path, n: int, line: str) -> dict:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as err:
-        raise ResultFileError(f"{path}: line {n} is not JSON ({err.msg}): the file is damaged; delete the line (or "
-                              "the file, and run that server config's jobs again)") from err
 
 
 def resolution(path: Path) -> float:
@@ -132,8 +122,7 @@ def analyse(run: Path) -> dict:
     axis = {k: (a + shift, b + shift) if a < 43200 else (a, b) for k, (a, b) in spans.items()}
     start, end = min(a for a, _ in axis.values()), max(b for _, b in axis.values())
     wall = end - start
-    starts = [_json_line(f, n, line) for f in sorted(run.glob("servers/*/starts.jsonl"))
-              for n, line in enumerate(f.read_text().splitlines(), 1) if line.strip()]
+    starts = [s for f in sorted(run.glob("servers/*/starts.jsonl")) for s in read_jsonl(f)]
     startups = [s["startup_seconds"] for s in starts]
     cells, windows, sending, sending_known, busy, unknown = _cell_figures(run)
     # where the run knows when each start-up and window was (a GPU pool runs them side by side), the busy
