@@ -84,6 +84,15 @@ def test_cli_reports_config_errors_cleanly(exp_dir, capsys):
     assert "key 'extra': unknown key" in capsys.readouterr().err
 
 
+def test_cli_validate_takes_a_file_path(exp_dir, capsys):
+    # `speedmatrix validate config/experiments/x.yaml` as well as `validate x`: the path names the folder
+    write(exp_dir, "bad", lambda d: d.update(extra=1))
+    assert cli.main(["validate", str(exp_dir / "bad.yaml")]) == 2
+    assert "bad.yaml" in (err := capsys.readouterr().err) and "key 'extra': unknown key" in err
+    assert cli.main(["validate", "config/experiments/tiny-cpu.yaml"]) == 0
+    assert "tiny-cpu.yaml: ok" in capsys.readouterr().out
+
+
 def test_launch_argv_is_a_list_with_values_verbatim(exp_dir):
     # a value with shell metacharacters reaches the process as one argv item
     write(exp_dir, "odd", lambda d: d["server"].update(served_model_name="tiny; rm -rf $HOME"))

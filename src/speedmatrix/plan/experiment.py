@@ -519,6 +519,9 @@ def published_path(name: str, experiments_dir: str | Path = "config/experiments"
 
 
 def load(name: str, experiments_dir: str | Path = "config/experiments") -> Experiment:
+    """The experiment NAME of EXPERIMENTS_DIR (NAME may also be the file's path: config/experiments/x.yaml)."""
+    if name.endswith((".yaml", ".yml")) and Path(name).is_file():
+        experiments_dir, name = Path(name).parent, Path(name).stem
     path = Path(experiments_dir) / f"{name}.yaml"
     if not path.exists():
         names = available(experiments_dir)
