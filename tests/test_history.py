@@ -111,6 +111,31 @@ def test_a_new_run_that_measured_nothing_is_no_pass(recorded, tmp_path, capsys):
     assert "nothing to judge (exit 1)" in out.err
 
 
+def test_a_new_run_that_lost_a_cell_is_no_pass(recorded, tmp_path, capsys):
+    """A release that fails one cell the base measured, or whose incomplete run lacks it, is no pass even where no
+    other cell is slower; a cell only in base of a complete run (another experiment's cells) is not lost."""
+    base, _, _ = recorded
+    _, bc, br = store.manifest(base)
+    failed = bc.copy()
+    failed.loc[(failed["server_id"] == "mtp2") & (failed["cell_id"] == SLOWED[1]), "status"] = "failed"
+    table = regress.regress(bc, br, failed, br)
+    assert regress.lost_cells(table) == ["/".join(SLOWED)] and regress.exit_code(table) == 1
+    assert not (table["verdict"] == regress.SLOWER).any()
+    fewer = bc[bc["server_id"] != "mtp4"]
+    assert regress.exit_code(regress.regress(bc, br, fewer, br)) == 0  # complete: it measured other cells
+    lost = regress.lost_cells(regress.regress(bc, br, fewer, br, new_incomplete=True))
+    assert lost and all(c.startswith("mtp4/") for c in lost)
+    # the command: a run folder whose summary says a job failed, one server's cells gone
+    partial = tmp_path / "partial"
+    shutil.copytree(base, partial)
+    shutil.rmtree(partial / "cells" / "mtp4")
+    matrix = pd.read_parquet(partial / "matrix.parquet")
+    matrix[matrix["server_id"] != "mtp4"].to_parquet(partial / "matrix.parquet")
+    (partial / "run-summary.json").write_text(json.dumps({"succeeded": False, "failed": 1, "jobs": 40}))
+    assert main(["regress", str(base), str(partial), "--store", str(tmp_path / "none.sqlite")]) == 1
+    assert "the new run lost" in (err := capsys.readouterr().err) and "mtp4/" in err
+
+
 def test_a_run_against_itself_changes_nothing(recorded):
     base, _, _ = recorded
     _, cells, reqs = store.manifest(base)

@@ -166,9 +166,11 @@ def _why_not(b: pd.Series, n: pd.Series) -> str | None:
 def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.DataFrame, new_reqs: pd.DataFrame,
             min_effect: float | None = None, noise_multiple: float = 2.0,
             siblings: tuple[list[tuple[pd.DataFrame, pd.DataFrame]], list[tuple[pd.DataFrame, pd.DataFrame]]]
-            = ([], [])) -> pd.DataFrame:
+            = ([], []), new_incomplete: bool = False) -> pd.DataFrame:
     """One row per cell and figure (cells on one side only: one row, not comparable), changed cells first.
-    ``siblings``: other runs (cells, requests) of BASE's runtime and of NEW's, for each cell's run-to-run noise."""
+    ``siblings``: other runs (cells, requests) of BASE's runtime and of NEW's, for each cell's run-to-run noise.
+    ``lost`` marks a cell BASE measured that NEW did not: NEW failed it (or it looped, went over capacity), or,
+    where NEW's run is incomplete (``new_incomplete``: jobs failed or did not run), NEW has no such cell."""
     rows = []
     on = ["server_id", "cell_id"]
     both = base_cells.merge(new_cells, on=on, how="outer", suffixes=("_b", "_n"), indicator=True)
@@ -178,14 +180,21 @@ def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.Dat
         ident = {"server_id": r["server_id"], "cell_id": r["cell_id"],
                  "workload": r["workload_b"] if pd.notna(r.get("workload_b")) else r.get("workload_n")}
         if r["_merge"] != "both":
-            rows.append({**ident, "figure": None, "verdict": NOT_COMPARABLE,
-                         "reason": f"only in {'base' if r['_merge'] == 'left_only' else 'new'}"})
+            only_base = r["_merge"] == "left_only"
+            lost = only_base and new_incomplete and r.get("status_b") in COMPARABLE_STATUSES
+            rows.append({**ident, "figure": None, "verdict": NOT_COMPARABLE, "lost": lost,
+                         "reason": f"only in {'base' if only_base else 'new'}"
+                                   + (" (lost: the new run did not finish every job)" if lost else "")})
             continue
         b = pd.Series({k[:-2]: v for k, v in r.items() if k.endswith("_b")})
         n = pd.Series({k[:-2]: v for k, v in r.items() if k.endswith("_n")})
         why = _why_not(b, n)
         if why:
-            rows.append({**ident, "figure": None, "verdict": NOT_COMPARABLE, "reason": why})
+            # measured in base, not in new (the same server config and basis): the new run lost the cell
+            lost = (b["config_sha256"] == n["config_sha256"] and b["status"] in COMPARABLE_STATUSES
+                    and n["status"] not in COMPARABLE_STATUSES)
+            rows.append({**ident, "figure": None, "verdict": NOT_COMPARABLE, "lost": lost,
+                         "reason": why + (" (lost)" if lost else "")})
             continue
         key = (r["server_id"], r["cell_id"])
         rb, rn = counted(by_b.get(key, base_reqs.iloc[:0])), counted(by_n.get(key, new_reqs.iloc[:0]))
@@ -196,6 +205,7 @@ def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.Dat
             rows.append({**ident, **judge_figure(fig, rb, rn, "/".join(key), min_effect, noise_multiple, others,
                                                  streamed)})
     out = pd.DataFrame(rows)
+    out["lost"] = [v is True for v in out["lost"]] if "lost" in out else False
     order = {SLOWER: 0, FASTER: 1, SAME: 2, NOT_COMPARABLE: 3}
     out["_o"] = out["verdict"].map(order)
     return out.sort_values(["_o", "server_id", "cell_id"], kind="stable").drop(columns="_o").reset_index(drop=True)
@@ -224,10 +234,19 @@ def nothing_compared(table: pd.DataFrame) -> bool:
     return not (table["verdict"] != NOT_COMPARABLE).any()
 
 
+def lost_cells(table: pd.DataFrame) -> list[str]:
+    """The cells (server/cell) the base run measured and the new run lost (``regress``'s ``lost``)."""
+    if "lost" not in table:
+        return []
+    hit = table[table["lost"].astype(bool)]
+    return sorted({f"{r.server_id}/{r.cell_id}" for r in hit.itertuples()})
+
+
 def exit_code(table: pd.DataFrame) -> int:
-    """1 when any figure of any cell is significantly slower beyond its minimum effect, or when nothing could be
-    compared at all (a release whose servers did not start is no pass), else 0 (for CI jobs)."""
-    return int((table["verdict"] == SLOWER).any() or nothing_compared(table))
+    """1 when any figure of any cell is significantly slower beyond its minimum effect, when the new run lost a
+    cell the base measured (a release that fails a cell is no pass), or when nothing could be compared at all (a
+    release whose servers did not start), else 0 (for CI jobs)."""
+    return int((table["verdict"] == SLOWER).any() or bool(lost_cells(table)) or nothing_compared(table))
 
 
 HOST_PROBE_LIMIT = 0.05  # two runs' host probes further apart than this: the hosts' pace differs
