@@ -53,11 +53,16 @@ NAMES = {"h200-round4-client-at-gpu-rates": "client-at-gpu-rates", f"{RELEASES}-
          f"{RELEASES}-ngram": "vllm-0.25.1-ngram",
          "h200-round4-client-at-gpu-rates-rest": "client-at-gpu-rates-rest",
          # ngram beside the target alone, the two servers the losslessness check needs (run on an H100)
-         "h200-round4-ngram": "ngram-h100"}
+         "h200-round4-ngram": "ngram-h100",
+         # the Gemma-4-31B shape's decode on both releases, and ngram on 0.26.0
+         "h200-round4-31b-shape": "31b-shape-vllm-0.25.1",
+         "h200-round4-31b-shape-vllm-0.26.0": "31b-shape-vllm-0.26.0",
+         "h200-round4-ngram-vllm-0.26.0": "ngram-vllm-0.26.0"}
 # every filed run's folder name, in the summary's order
 RUNS = ("vllm-0.25.1", "vllm-0.26.0", "vllm-0.26.0-failed-start", "vllm-0.25.1-ngram", "vllm-0.25.1-again",
         "ngram-h100", "vllm-0.25.1-ngram-h100", "vllm-0.25.1-h100", "vllm-0.25.1-h100-again",
-        "client-at-gpu-rates", "client-at-gpu-rates-rest-h100")
+        "client-at-gpu-rates", "client-at-gpu-rates-rest-h100", "31b-shape-vllm-0.25.1", "31b-shape-vllm-0.26.0",
+        "ngram-vllm-0.26.0", "ngram-vllm-0.26.0-h100", "31b-shape-vllm-0.25.1-h100", "31b-shape-vllm-0.26.0-h100")
 # the open-loop steps' folders: each step from the folder that measured it (the machine in its run's provenance)
 CLIENT_RUNS = ("client-at-gpu-rates", "client-at-gpu-rates-rest-h100")
 # the verdicts written: (folder, base run, new run), each where runs.json names both runs
@@ -69,7 +74,10 @@ VERDICTS = (("regress-releases", "vllm-0.25.1", "vllm-0.26.0"),
             # one release on two hosts of one kind, a day apart (the cells both have: the target alone)
             ("regress-self-two-hosts", "ngram-h100", "vllm-0.25.1-h100"),
             # one release on an H200 and on an H100: the cells both runs have (the target alone)
-            ("regress-h200-h100", "vllm-0.25.1", "ngram-h100"))
+            ("regress-h200-h100", "vllm-0.25.1", "ngram-h100"),
+            # the Gemma-4-31B shape (random weights, GPU-bound) on 0.25.1 -> 0.26.0, on an H200 or on an H100
+            ("regress-31b-shape-releases", "31b-shape-vllm-0.25.1", "31b-shape-vllm-0.26.0"),
+            ("regress-31b-shape-releases", "31b-shape-vllm-0.25.1-h100", "31b-shape-vllm-0.26.0-h100"))
 
 
 def folders(tar: tarfile.TarFile) -> list[str]:
@@ -261,7 +269,8 @@ def summary() -> Path:
                                r.get("gpu_energy_per_output_token_j"), r.get("gpu_power_w"), lowest)})
     out += ["## Energy per output token and per goodput token", "",
             "From each run's `matrix.parquet` (the median of the cell's repeats; goodput: the requests that met "
-            "the experiment's target `tiny_h200`, p90 TTFT 50 ms and TPOT 8 ms).", "",
+            "the experiment's target: `tiny_h200`, p90 TTFT 50 ms and TPOT 8 ms, for the tiny pair; "
+            "`interactive`, MLPerf's p99 TTFT 500 ms and TPOT 30 ms, for the 31B shape).", "",
             _table(pd.DataFrame(energy)) if energy else "(none)", ""]
     lossless = []
     for n in runs:
