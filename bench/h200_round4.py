@@ -77,7 +77,9 @@ VERDICTS = (("regress-releases", "vllm-0.25.1", "vllm-0.26.0"),
             ("regress-h200-h100", "vllm-0.25.1", "ngram-h100"),
             # the Gemma-4-31B shape (random weights, GPU-bound) on 0.25.1 -> 0.26.0, on an H200 or on an H100
             ("regress-31b-shape-releases", "31b-shape-vllm-0.25.1", "31b-shape-vllm-0.26.0"),
-            ("regress-31b-shape-releases", "31b-shape-vllm-0.25.1-h100", "31b-shape-vllm-0.26.0-h100"))
+            ("regress-31b-shape-releases", "31b-shape-vllm-0.25.1-h100", "31b-shape-vllm-0.26.0-h100"),
+            # the tiny target alone on 0.25.1 -> 0.26.0 on two H100 hosts (0.26.0's from the ngram experiment)
+            ("regress-releases-h100", "vllm-0.25.1-h100", "ngram-vllm-0.26.0-h100"))
 
 
 def folders(tar: tarfile.TarFile) -> list[str]:
@@ -334,10 +336,10 @@ def summary() -> Path:
                 f"--rounds {d['rounds']} --client-cores {d['client_core']}`: speedmatrix's client against the local "
                 f"streamer on core {d['streamer_core']}, {d['cores']} cores, {d['cpu_model']}, Python "
                 f"{d['python']}).", "", _table(pd.DataFrame(rows)), ""]
-    pairs = []
+    pairs, ids = [], run_ids()
     for folder, base, new in VERDICTS:
         csv = DEST / folder / "regress.csv"
-        if not csv.exists():
+        if not csv.exists() or base not in ids or new not in ids:  # a folder of another pair's verdict
             continue
         v = pd.read_csv(csv)
         judged = v[v["verdict"] != regress.NOT_COMPARABLE]
@@ -348,7 +350,8 @@ def summary() -> Path:
                       "cells faster": int((cells == regress.FASTER).sum()),
                       "figures judged": len(judged),
                       "figures whose interval excludes no change": int(((judged["ci_low"] > 0)
-                                                                         | (judged["ci_high"] < 0)).sum()),
+                                                                         | (judged["ci_high"] < 0)).sum())
+                      if len(judged) else 0,
                       "largest change": None if big is None else
                       f"{big['change']:+.1%} ({big['server_id']} {big['cell_id'].split('-')[2]} {big['figure']}, "
                       f"minimum effect {big['min_effect']:.1%})"})
