@@ -116,7 +116,9 @@ def plan(ns: argparse.Namespace) -> int:
         fits = (CARRY - tree) // 2**20 - 1
         print(f"a part ({biggest / 2**20:.0f} MiB) and the repository's tree ({tree / 2**20:.1f} MiB) are more than "
               f"one command carries ({CARRY // 2**20} MiB): cut the parts smaller, `python3 {SELF} build --part "
-              f"{fits}m` (the bundle is kept, only cut again)", file=sys.stderr)
+              f"{fits}m` (the bundle is kept, only cut again), or carry less of the tree: move docs/results/ out of "
+              "the checkout while the parts travel (the host's run reads none of it; the tree is then about 6 MB and "
+              "parts of 54m fit, half as many commands) and put it back after", file=sys.stderr)
         return 2
     print("# one remote command a part (carry the part, copy it out), back to back; the last starts the run.")
     print("# Send the first command alone and the rest only once a host has answered it: a command sent while")
