@@ -142,7 +142,7 @@ def cmd_history(ns: argparse.Namespace) -> int:
 
 def cmd_regress(ns: argparse.Namespace) -> int:
     from .core.table import markdown
-    from .history import regress
+    from .history import regress, store
     from .report import regression
 
     known = ns.store if Path(ns.store).exists() else None
@@ -151,22 +151,14 @@ def cmd_regress(ns: argparse.Namespace) -> int:
     min_effect = None if ns.min_effect is None else ns.min_effect / 100
     others = ([], []) if ns.alone else regression.siblings(ns.store, base, new)
     table = regress.regress(base_cells, base_reqs, new_cells, new_reqs, min_effect, ns.noise_multiple, others,
-                            new_incomplete=new.get("status") not in ("complete", "unknown", None))
+                            new_incomplete=new.get("status") in store.INCOMPLETE_STATUSES)
     if ns.out:
         print(f"wrote {regression.write(ns.out, table, base, new, (base_cells, new_cells))} (and regress.html, "
               "regress.csv)", file=sys.stderr)
     print(markdown(regression.blocks(table, base, new, cells=(base_cells, new_cells))))
     code = regress.exit_code(table)
-    lost = regress.lost_cells(table)
     if code:
-        print("speedmatrix regress: " + ("no cell has a figure in both runs: nothing to judge (exit 1)"
-                                         if regress.nothing_compared(table) else
-                                         f"the new run lost {len(lost)} cell(s) the base measured: "
-                                         f"{', '.join(lost)} (exit 1)" if lost and not (table["verdict"] ==
-                                                                                       regress.SLOWER).any() else
-                                         "a cell is significantly slower beyond its minimum effect (exit 1)"
-                                         + (f"; lost: {', '.join(lost)}" if lost else "")),
-              file=sys.stderr)
+        print(f"speedmatrix regress: {regress.failing(table)} (exit 1)", file=sys.stderr)
     return code
 
 

@@ -236,17 +236,25 @@ def nothing_compared(table: pd.DataFrame) -> bool:
 
 def lost_cells(table: pd.DataFrame) -> list[str]:
     """The cells (server/cell) the base run measured and the new run lost (``regress``'s ``lost``)."""
-    if "lost" not in table:
-        return []
-    hit = table[table["lost"].astype(bool)]
-    return sorted({f"{r.server_id}/{r.cell_id}" for r in hit.itertuples()})
+    return sorted({f"{r.server_id}/{r.cell_id}" for r in table[table["lost"]].itertuples()})
+
+
+def failing(table: pd.DataFrame) -> str | None:
+    """Why the verdict is no pass, or None where it passes: a figure of a cell significantly slower beyond its
+    minimum effect, a cell the base measured that the new run lost (a release that fails a cell is no pass), or
+    nothing compared at all (a release whose servers did not start)."""
+    if nothing_compared(table):
+        return "no cell has a figure in both runs: nothing to judge"
+    lost = lost_cells(table)
+    lost_said = f"the new run lost {len(lost)} cell(s) the base measured: {', '.join(lost)}" if lost else ""
+    if (table["verdict"] == SLOWER).any():
+        return "a cell is significantly slower beyond its minimum effect" + (f"; {lost_said}" if lost else "")
+    return lost_said or None
 
 
 def exit_code(table: pd.DataFrame) -> int:
-    """1 when any figure of any cell is significantly slower beyond its minimum effect, when the new run lost a
-    cell the base measured (a release that fails a cell is no pass), or when nothing could be compared at all (a
-    release whose servers did not start), else 0 (for CI jobs)."""
-    return int((table["verdict"] == SLOWER).any() or bool(lost_cells(table)) or nothing_compared(table))
+    """1 where ``failing`` gives a reason, else 0 (for CI jobs)."""
+    return int(failing(table) is not None)
 
 
 HOST_PROBE_LIMIT = 0.05  # two runs' host probes further apart than this: the hosts' pace differs

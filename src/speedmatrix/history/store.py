@@ -35,6 +35,9 @@ SCHEMA_VERSION = 1
 # per request: what the regression verdict resamples, and what says which requests count
 REQUEST_COLUMNS = ["server_id", "cell_id", "repeat", "request_index", "phase", "counted", "start_s", "end_s",
                    "ttft_ms", "output_tokens", "prompt_tokens", "error", "looped"]
+# a run's status that says some of its jobs failed or did not run (the others: complete, and unknown for a folder
+# kept without its run summary)
+INCOMPLETE_STATUSES = ("partial", "failed")
 RUN_COLUMNS = ["run_id", "experiment", "status", "cells", "started_at", "added_at", "vllm_version", "runtime_ref",
                "packages_sha256", "models_sha256", "hostname", "cpu_model", "cpu_count", "machine_id", "boot_id",
                "host_probe_ms", "gpu_name", "gpu_driver", "speedmatrix_commit", "speedmatrix_version", "jobs",
