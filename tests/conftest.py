@@ -117,27 +117,33 @@ def one_server_experiment(tmp_path: Path, name: str, workloads: dict, servers: l
     return experiment_variant(tmp_path, name, base, change)
 
 
-def lighter(block, window_s: float = 1, max_tokens: int = 16):
+def lighter(block, window_s: float = 1, max_tokens: int = 16, corners: bool = False):
     """The same cells with less measuring in each: windows of at most ``window_s``, outputs of at most
-    ``max_tokens`` tokens, one repeat."""
+    ``max_tokens`` tokens, one repeat. ``corners``: of a grid's contexts and concurrencies only the first and
+    the last (a 3 x 4 decode grid becomes 2 x 2: its smallest and largest cells, the over-capacity one too)."""
     if isinstance(block, list):
-        return [lighter(b, window_s, max_tokens) for b in block]
+        return [lighter(b, window_s, max_tokens, corners) for b in block]
     if not isinstance(block, dict):
         return block
-    out = {k: lighter(v, window_s, max_tokens) for k, v in block.items()}
+    out = {k: lighter(v, window_s, max_tokens, corners) for k, v in block.items()}
     if "duration_s" in out:
         out["duration_s"] = min(out["duration_s"], window_s)
     if "max_tokens" in out and "contexts" in out:  # a workload block (not a quality gate)
         out["max_tokens"] = min(out["max_tokens"], max_tokens)
+        if corners:
+            for key in ("contexts", "concurrency"):
+                if isinstance(out.get(key), list) and len(out[key]) > 2:
+                    out[key] = [out[key][0], out[key][-1]]
     if "repeats" in out:
         out["repeats"] = 1
     return out
 
 
 def lighter_copy(work: Path, name: str, **kw) -> Path:
-    """``<work>/experiments/<name>.yaml``: experiment ``name`` with every server config, sweep point and cell,
-    each measuring less (``lighter``). For tests that check what a run produces, not how a cell measures
-    (the default run's test checks that). Returns the experiments dir."""
+    """``<work>/experiments/<name>.yaml``: experiment ``name`` with every server config, sweep point and
+    workload, each cell measuring less (``lighter``; with ``corners=True`` a grid keeps only its corner
+    cells). For tests that check what a run produces, not how a cell measures (the default run's test checks
+    that). Returns the experiments dir."""
 
     def change(data: dict) -> None:
         for key in ("workloads", "servers", "sweeps"):
