@@ -121,11 +121,14 @@ def lighter(block, window_s: float = 1, max_tokens: int = 16, corners: bool = Fa
     """The same cells with less measuring in each: windows of at most ``window_s``, outputs of at most
     ``max_tokens`` tokens, one repeat. ``corners``: of a grid's contexts and concurrencies only the first and
     the last (a 3 x 4 decode grid becomes 2 x 2: its smallest and largest cells, the over-capacity one too)."""
+    def inner(b):
+        return lighter(b, window_s, max_tokens, corners)
+
     if isinstance(block, list):
-        return [lighter(b, window_s, max_tokens, corners) for b in block]
+        return [inner(b) for b in block]
     if not isinstance(block, dict):
         return block
-    out = {k: lighter(v, window_s, max_tokens, corners) for k, v in block.items()}
+    out = {k: inner(v) for k, v in block.items()}
     if "duration_s" in out:
         out["duration_s"] = min(out["duration_s"], window_s)
     if "max_tokens" in out and "contexts" in out:  # a workload block (not a quality gate)

@@ -134,7 +134,7 @@ def docker_run(tmp_path_factory):
     return res, first, again, wait_no_vllm(30), wait_no_containers("tiny-cpu-docker")
 
 
-def test_tiny_cpu_docker_runs_every_cell_in_containers(docker_run):
+def test_tiny_cpu_docker_runs_every_workload_in_containers(docker_run):
     res, _, proc, left, left_containers = docker_run
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert left == [] and left_containers == []
