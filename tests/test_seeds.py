@@ -103,6 +103,28 @@ def test_seed000_sweeps_expand_to_the_seed_suites():
     assert all(s.gpus == 2 for s in exp.servers)  # tensor parallel 2
 
 
+def test_sweep_points_that_repeat_a_config_are_measured_right_after_it():
+    """The seed's `max-num-seqs-32` is its `optimized` config and `max-num-seqs-16` its `spec-4`: each comes right
+    after its own kind, so that one server start serves both (speedmatrix.serve.server.same_launch)."""
+    exp = experiment.load(SEEDS[0], REPO / "config/experiments")
+    order = exp.server_order()
+    assert order[:2] == ["optimized", "max-num-seqs-32"]
+    assert order[order.index("spec-4") + 1] == "max-num-seqs-16"
+    assert sorted(order) == sorted(s.id for s in exp.servers)
+    assert exp.server("spec-4").launch_key == exp.server("max-num-seqs-16").launch_key
+    assert exp.server("spec-4").launch_key != exp.server("spec-8").launch_key
+
+
+def test_same_launch_is_the_launch_less_its_names():
+    from speedmatrix.serve.server import same_launch
+
+    a = {"server_id": "spec-4", "sweep": "spec", "sweep_values": {"x": 4}, "argv": ["vllm", "serve", "m"],
+         "models": {"m": {"revision": "r1"}}, "host": "127.0.0.1", "port": 0, "env": {}}
+    assert same_launch(a, {**a, "server_id": "max-num-seqs-16", "sweep": "max-num-seqs", "sweep_values": {}})
+    assert not same_launch(a, {**a, "argv": ["vllm", "serve", "m", "--max-num-seqs", "32"]})
+    assert not same_launch(a, {**a, "models": {"m": {"revision": "r2"}}})
+
+
 def test_seed003_models_by_runner():
     exp = experiment.load(SEEDS[2], REPO / "config/experiments")
     pairs = {(s.model, s.env["VLLM_USE_V2_MODEL_RUNNER"]) for s in exp.servers}

@@ -75,6 +75,11 @@ def test_seed000_tiny_sweep_tables(seed000):
     assert "![Speculative decoding sweep](charts/spec.png)" in report
     lock = json.loads((res / "models.lock").read_text())
     assert set(lock["models"]) == {"tiny-gemma4", "tiny-gemma4-mtp"}
+    # max-num-seqs-16 is spec-4 again (the seed's own overlap): it measured on spec-4's server, not a start of its own
+    starts = {f.parent.name: len(f.read_text().splitlines()) for f in res.glob("servers/*/starts.jsonl")}
+    assert starts == {s.id: 1 for s in exp.servers if s.id != "max-num-seqs-16"}, starts
+    by_start = matrix.groupby("server_id").server_start_id.agg(set)
+    assert by_start["max-num-seqs-16"] == by_start["spec-4"] and len(by_start["spec-4"]) == 1
 
 
 def test_seed002_tiny_speed_matrix_tables_and_api_key(seed002):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +123,14 @@ class ServerConfig:
     def spec_tokens(self) -> int:
         return int(self.speculative["num_speculative_tokens"]) if self.speculative else 0
 
+    @property
+    def launch_key(self) -> str:
+        """What this config's server is made of, not its name, workloads or sweep labels: configs with one key
+        are measured one after another, and the second measures on the first's server when the launch specs
+        agree (speedmatrix.serve.server.same_launch)."""
+        return json.dumps([self.model, self.served_model_name, self.host, self.port, self.args, self.env,
+                           self.speculative, self.api_key_env, self.device], sort_keys=True, default=str)
+
 
 def workload_blocks(workloads: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """Each workload is one block or a list of blocks (e.g. decode on prose and on code), in report order."""
@@ -190,10 +199,15 @@ class Experiment:
         return list(dict.fromkeys(c.sampling for c in self.cells(server_id)))
 
     def server_order(self) -> list[str]:
-        """The order the server configs are measured in: as listed, except that a twin comes after the last
-        config it checks (its verdict job scores their outputs: one start of it serves both)."""
+        """The order the server configs are measured in: as listed, except that a config with the launch of one
+        listed before it comes right after that one (one start serves both: speedmatrix.serve.server), and a twin
+        comes after the last config it checks (its verdict job scores their outputs: one start of it serves
+        both)."""
         checks = self.lossless_checks()
-        order = [s.id for s in self.servers if s.id not in checks.values()]
+        order: list[str] = []
+        for srv in (s for s in self.servers if s.id not in checks.values()):
+            same = [i for i, sid in enumerate(order) if self.server(sid).launch_key == srv.launch_key]
+            order.insert(same[-1] + 1 if same else len(order), srv.id)
         for twin in dict.fromkeys(checks.values()):
             last = max(order.index(spec) for spec, t in checks.items() if t == twin)
             order.insert(last + 1, twin)

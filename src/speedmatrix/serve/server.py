@@ -26,7 +26,7 @@ from pathlib import Path
 from ..core import atomic
 from ..core.errors import ServerError
 from . import runtimes, state
-from .broker import stop_broker
+from .broker import running_brokers, stop_broker
 from .placement import measure_lock, measuring, place
 from .pool import Placement
 from .procs import OWNER_ENV, POLL_S, free_port, http_get, pid_alive
@@ -129,6 +129,29 @@ def await_broker(pending: dict, progress=print) -> dict:
         time.sleep(POLL_S)
 
 
+# What makes two configs' servers one and the same: the launch spec less the config's own name and labels.
+LAUNCH_IDENTITY = ("argv", "stop_argv", "host", "port", "env", "nice", "models")
+
+
+def same_launch(a: dict, b: dict) -> bool:
+    """Two launch specs (launch.json) start the same server: the same argv (model, flags, runtime, its
+    environment), the same models at the same revisions, on the same host and port."""
+    return all(a.get(k) == b.get(k) for k in LAUNCH_IDENTITY)
+
+
+def running_same_launch(results_root: Path, own_dir: Path, launch: dict) -> tuple[Path, dict] | None:
+    """Another config's healthy server in this device scope, started by this workflow (the same owner), whose
+    launch is ``launch``: its state folder and broker record."""
+    owner = os.environ.get(OWNER_ENV)
+    for d, info in running_brokers(results_root, scope=state.device_scope()):
+        if d == own_dir or d.parent != own_dir.parent or not owner or info.get("owner") != owner:
+            continue
+        other = atomic.read_json_if_there(d / state.LAUNCH)
+        if other and same_launch(other, launch) and "startup" in info and healthy(info):
+            return d, info
+    return None
+
+
 @contextlib.contextmanager
 def acquire(results_root: Path, experiment: str, server_id: str, launch: dict, idle_timeout_s: float,
             progress=print, placement: Placement | None = None, label: str = "") -> Iterator[dict]:
@@ -139,18 +162,28 @@ def acquire(results_root: Path, experiment: str, server_id: str, launch: dict, i
     stopped first. Then the cell holds its server's lease and the measure lock: shared when it may
     measure beside cells of other configs, exclusive when isolated (always without a pool). On return
     ``info["beside"]`` lists the other cells that measured during this one.
+
+    Without a pool, a config whose launch is another's (``same_launch``: a sweep point that repeats a
+    config listed before it) measures on that config's running server instead of starting its own: its
+    cells' provenance names that start.
     """
     placement = placement or Placement()
-    state_dir = results_root / experiment / "servers" / server_id
-    lease = state_dir / state.LEASE
+    own_dir = results_root / experiment / "servers" / server_id
     waited, pending = 0.0, None
     while True:
         with device_lock(results_root):
+            state_dir = own_dir
             info = atomic.read_json_if_there(state_dir / state.RUNNING)
             if info and not healthy(info):
                 progress(f"server {server_id} (start {info.get('start_id')}) is not healthy: replacing it")
                 stop_broker(state_dir, info)
                 info = None
+            if info is None and not placement.pool:
+                shared = running_same_launch(results_root, own_dir, launch)
+                if shared:
+                    state_dir, info = shared
+                    progress(f"server {server_id} has the launch of {info.get('server_id')}: its running server "
+                             f"(start {info.get('start_id')}) measures this config's cells")
             if info is None:
                 failed = atomic.read_json_if_there(state_dir / state.STARTUP_ERROR)
                 if failed and failed.get("owner") and failed.get("owner") == os.environ.get(OWNER_ENV):
@@ -169,6 +202,7 @@ def acquire(results_root: Path, experiment: str, server_id: str, launch: dict, i
                                            int(launch.get("nice") or 0))
             if info is not None or pending is not None:
                 state_dir.mkdir(parents=True, exist_ok=True)
+                lease = state_dir / state.LEASE
                 lease.touch()
                 fh = open(lease, "rb")  # noqa: SIM115 (held until the cell ends, below)
                 fcntl.flock(fh, fcntl.LOCK_SH)  # before the device lock is let go: not idle from now on
@@ -184,6 +218,7 @@ def acquire(results_root: Path, experiment: str, server_id: str, launch: dict, i
         with measure_lock(results_root, exclusive=placement.isolated or not placement.pool), \
                 measuring(results_root, experiment, server_id, label) as beside:
             try:
+                info["state_dir"] = str(state_dir)  # its log and records (another config's, if shared)
                 yield info
             finally:
                 info["beside"] = beside()
