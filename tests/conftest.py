@@ -83,6 +83,11 @@ def running_decode_cell(res: Path, finished: int, server_id: str = "base") -> st
 LIFECYCLE_WORKLOADS = {"decode": {"contexts": [128], "concurrency": [1, 2, 4], "duration_s": 8, "max_tokens": 64}}
 
 
+def starts(results: Path) -> dict[str, int]:
+    """Server starts per server config of a results folder (``servers/<id>/starts.jsonl``, a line per start)."""
+    return {f.parent.name: len(f.read_text().splitlines()) for f in results.glob("servers/*/starts.jsonl")}
+
+
 def experiment_variant(work: Path, name: str, base: str, change) -> Path:
     """Write ``<work>/experiments/<name>.yaml``: the experiment ``base`` of config/experiments after
     ``change(data)``, its keys in the order written (a sweep names its configs in the order of its `vary`

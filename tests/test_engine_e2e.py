@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -27,6 +26,7 @@ from conftest import (
     run_snakemake,
     running_decode_cell,
     snakemake_cmd,
+    starts,
     wait_for,
     wait_no_vllm,
 )
@@ -35,13 +35,6 @@ from speedmatrix.judge import decide
 from speedmatrix.plan import experiment
 
 pytestmark = pytest.mark.engine
-
-
-def starts(results: Path) -> dict[str, int]:
-    out = {}
-    for f in results.glob("servers/*/starts.jsonl"):
-        out[f.parent.name] = len(f.read_text().splitlines())
-    return out
 
 
 FULL = "tiny-cpu-full"  # the shared run: the default experiment in full

@@ -105,7 +105,7 @@ def test_seed000_sweeps_expand_to_the_seed_suites():
 
 def test_sweep_points_that_repeat_a_config_are_measured_right_after_it():
     """The seed's `max-num-seqs-32` is its `optimized` config and `max-num-seqs-16` its `spec-4`: each comes right
-    after its own kind, so that one server start serves both (speedmatrix.serve.server.same_launch)."""
+    after its own kind, so that one server start serves both (speedmatrix.serve.runtimes.same_launch)."""
     exp = experiment.load(SEEDS[0], REPO / "config/experiments")
     order = exp.server_order()
     assert order[:2] == ["optimized", "max-num-seqs-32"]
@@ -116,7 +116,7 @@ def test_sweep_points_that_repeat_a_config_are_measured_right_after_it():
 
 
 def test_same_launch_is_the_launch_less_its_names():
-    from speedmatrix.serve.server import same_launch
+    from speedmatrix.serve.runtimes import same_launch
 
     a = {"server_id": "spec-4", "sweep": "spec", "sweep_values": {"x": 4}, "argv": ["vllm", "serve", "m"],
          "models": {"m": {"revision": "r1"}}, "host": "127.0.0.1", "port": 0, "env": {}}

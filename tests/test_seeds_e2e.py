@@ -17,7 +17,7 @@ import sys
 import pandas as pd
 import pytest
 
-from conftest import REPO, lighter_copy, run_snakemake, wait_no_vllm
+from conftest import REPO, lighter_copy, run_snakemake, starts, wait_no_vllm
 from speedmatrix.plan import experiment
 
 pytestmark = pytest.mark.engine
@@ -79,8 +79,7 @@ def test_seed000_tiny_sweep_tables(seed000):
     lock = json.loads((res / "models.lock").read_text())
     assert set(lock["models"]) == {"tiny-gemma4", "tiny-gemma4-mtp"}
     # max-num-seqs-16 is spec-4 again (the seed's own overlap): it measured on spec-4's server, not a start of its own
-    starts = {f.parent.name: len(f.read_text().splitlines()) for f in res.glob("servers/*/starts.jsonl")}
-    assert starts == {s.id: 1 for s in exp.servers if s.id != "max-num-seqs-16"}, starts
+    assert starts(res) == {s.id: 1 for s in exp.servers if s.id != "max-num-seqs-16"}, starts(res)
     by_start = matrix.groupby("server_id").server_start_id.agg(set)
     assert by_start["max-num-seqs-16"] == by_start["spec-4"] and len(by_start["spec-4"]) == 1
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import LIFECYCLE_WORKLOADS, REPO, one_server_experiment, wait_no_vllm
+from conftest import LIFECYCLE_WORKLOADS, REPO, one_server_experiment, starts, wait_no_vllm
 from speedmatrix.plan import experiment
 from speedmatrix.workloads import names as workload_names
 
@@ -68,10 +68,6 @@ def job_ids(res: Path, where: str = "cells/*/*.json") -> dict[str, set[str]]:
         doc = json.loads(f.read_text())
         out.setdefault(doc["cell"]["server_id"], set()).add(doc["provenance"]["scheduler"].get("SLURM_JOB_ID"))
     return out
-
-
-def starts(res: Path) -> dict[str, int]:
-    return {f.parent.name: len(f.read_text().splitlines()) for f in res.glob("servers/*/starts.jsonl")}
 
 
 # One workflow on SLURM, then its rerun, for both tests (each SLURM run costs minutes of submissions and

@@ -509,7 +509,7 @@ def run(job: JobContext, cell_spec: dict[str, Any], measured_with: dict[str, Any
             # (a killed server closes its sockets while it is still exiting, so look twice)
             time.sleep(1.0)
             if not job.server_healthy(info):
-                log = Path(info.get("state_dir") or job.server_dir) / "server.log"
+                log = Path(info["state_dir"]) / "server.log"
                 raise CellError(f"the server of {server_id} died during the cell; {result['failed']} requests "
                                 f"failed ({result['errors_by_kind']}); see {log}")
     # the other cells that measured while this one did (a GPU pool runs configs side by side)

@@ -106,10 +106,6 @@ class JobContext:
         """``<results_root>/<experiment>``: this run's outputs and its durable store."""
         return self.results_root / self.experiment_name
 
-    @property
-    def server_dir(self) -> Path:
-        return self.launch_path.parent
-
     def use_api_key(self) -> None:
         """The server's key (config: api_key_env) is what the client sends; it stays in this process's
         environment and the server's, never in a file."""

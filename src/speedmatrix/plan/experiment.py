@@ -127,7 +127,7 @@ class ServerConfig:
     def launch_key(self) -> str:
         """What this config's server is made of, not its name, workloads or sweep labels: configs with one key
         are measured one after another, and the second measures on the first's server when the launch specs
-        agree (speedmatrix.serve.server.same_launch)."""
+        agree (speedmatrix.serve.runtimes.same_launch)."""
         return json.dumps([self.model, self.served_model_name, self.host, self.port, self.args, self.env,
                            self.speculative, self.api_key_env, self.device], sort_keys=True, default=str)
 
@@ -204,10 +204,11 @@ class Experiment:
         comes after the last config it checks (its verdict job scores their outputs: one start of it serves
         both)."""
         checks = self.lossless_checks()
-        order: list[str] = []
+        placed: list[ServerConfig] = []
         for srv in (s for s in self.servers if s.id not in checks.values()):
-            same = [i for i, sid in enumerate(order) if self.server(sid).launch_key == srv.launch_key]
-            order.insert(same[-1] + 1 if same else len(order), srv.id)
+            same = [i for i, p in enumerate(placed) if p.launch_key == srv.launch_key]
+            placed.insert(same[-1] + 1 if same else len(placed), srv)
+        order = [s.id for s in placed]
         for twin in dict.fromkeys(checks.values()):
             last = max(order.index(spec) for spec, t in checks.items() if t == twin)
             order.insert(last + 1, twin)

@@ -340,6 +340,16 @@ def server_nice(exp: Experiment) -> int:
     return int(given) if given is not None else (10 if exp.runtime.get("device") == "cpu" else 0)
 
 
+# The keys of a launch spec that make its server (``launch_spec`` below): the rest name the config and label it.
+LAUNCH_IDENTITY = ("argv", "stop_argv", "host", "port", "env", "nice", "models")
+
+
+def same_launch(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two launch specs (launch.json) start the same server: the same argv (model, flags, runtime, its
+    environment), the same models at the same revisions, on the same host and port."""
+    return all(a.get(k) == b.get(k) for k in LAUNCH_IDENTITY)
+
+
 def launch_spec(exp: Experiment, server_id: str, models_dir: str | Path,
                 lock: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything needed to start one server config, with the host port left to choose at start.

@@ -129,16 +129,6 @@ def await_broker(pending: dict, progress=print) -> dict:
         time.sleep(POLL_S)
 
 
-# What makes two configs' servers one and the same: the launch spec less the config's own name and labels.
-LAUNCH_IDENTITY = ("argv", "stop_argv", "host", "port", "env", "nice", "models")
-
-
-def same_launch(a: dict, b: dict) -> bool:
-    """Two launch specs (launch.json) start the same server: the same argv (model, flags, runtime, its
-    environment), the same models at the same revisions, on the same host and port."""
-    return all(a.get(k) == b.get(k) for k in LAUNCH_IDENTITY)
-
-
 def running_same_launch(results_root: Path, own_dir: Path, launch: dict) -> tuple[Path, dict] | None:
     """Another config's healthy server in this device scope, started by this workflow (the same owner), whose
     launch is ``launch``: its state folder and broker record."""
@@ -147,7 +137,7 @@ def running_same_launch(results_root: Path, own_dir: Path, launch: dict) -> tupl
         if d == own_dir or d.parent != own_dir.parent or not owner or info.get("owner") != owner:
             continue
         other = atomic.read_json_if_there(d / state.LAUNCH)
-        if other and same_launch(other, launch) and "startup" in info and healthy(info):
+        if other and runtimes.same_launch(other, launch) and "startup" in info and healthy(info):
             return d, info
     return None
 
@@ -163,7 +153,7 @@ def acquire(results_root: Path, experiment: str, server_id: str, launch: dict, i
     measure beside cells of other configs, exclusive when isolated (always without a pool). On return
     ``info["beside"]`` lists the other cells that measured during this one.
 
-    Without a pool, a config whose launch is another's (``same_launch``: a sweep point that repeats a
+    Without a pool, a config whose launch is another's (``runtimes.same_launch``: a sweep point that repeats a
     config listed before it) measures on that config's running server instead of starting its own: its
     cells' provenance names that start.
     """
