@@ -37,11 +37,9 @@ other within its 30 s idle window. The server stops when the workflow ends.
 
 Send the first remote command alone and the rest only once a host has answered it: a command sent while no host
 was up still counts against how long the run has on the host (a batch of part uploads sent then once cost nearly
-half of it). Once it has answered, send every remaining part's command and the start in one batch: a pause of
-more than the host's idle window (30 s) between two commands hands it back, and the parts already sent are lost
-with it. On 2026-12-06 a host was released that way twice, once with all 40 parts sent and only the start to
-follow, once after 14; a third was taken back for other work after 31. Each time the next host had to be started
-and sent every part again, and the device time left no longer held the run.
+half of it). Once it has answered, send every remaining part's command and the start in one batch: a pause
+longer than the idle window between two commands ends the host, and the parts already sent go with it (all 40
+parts were lost that way once, with only the start left to send).
 
 Copy what a remote command returns out of the folder its files come back to at once: a later
 command's files can take the same folder (a results tarball was lost that way).
@@ -127,7 +125,7 @@ def plan(ns: argparse.Namespace) -> int:
     print("# one remote command a part (carry the part, copy it out), back to back; the last starts the run.")
     print("# Send the first command alone and the rest only once a host has answered it: a command sent while")
     print("# no host is up still counts against how long the run has on the host. Then send all the rest, the")
-    print("# start included, in one batch: a pause of more than the host's 30 s idle window loses the parts sent.")
+    print("# start included, in one batch: a pause longer than the host's idle window loses the parts sent.")
     for name in parts:
         print(json.dumps({"carry": [f".gk/{name}"], "command": f"cp .gk/{name} /tmp/kit.{name}"}))
     print(json.dumps({"command": f"python3 {SELF} start {ns.experiment} && "
