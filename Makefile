@@ -34,10 +34,12 @@ run: $(STAMP)
 	$(BIN)/snakemake --workflow-profile profiles/$(PROFILE) --config experiment=$(EXPERIMENT) $(GPUS_CONFIG) \
 		$(SNAKEMAKE_ARGS)
 
-# What would run, with the job counts; starts nothing.
+# What would run: the experiment checked against the vLLM that serves it (speedmatrix validate), then the job
+# counts and, for a cluster profile, the allocations it would submit; starts and submits nothing.
 plan: $(STAMP)
-	$(BIN)/snakemake --workflow-profile profiles/$(PROFILE) --config experiment=$(EXPERIMENT) \
-		--dry-run --quiet rules $(SNAKEMAKE_ARGS)
+	$(BIN)/speedmatrix validate $(EXPERIMENT) $(if $(filter default,$(PROFILE)),$(GPUS:%=--gpus %),--cluster)
+	$(BIN)/snakemake --workflow-profile profiles/$(PROFILE) --config experiment=$(EXPERIMENT) $(GPUS_CONFIG) \
+		--dry-run --quiet rules progress $(SNAKEMAKE_ARGS)
 
 # --durations: the slowest tests in CI's log (CI must stay under an hour)
 test: $(TEST_STAMP)

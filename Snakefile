@@ -7,10 +7,16 @@
 # pick an experiment with `--config experiment=<name>`.
 from snakemake.utils import min_version, validate
 
+from speedmatrix.core import settings as sm_settings
+
 min_version("9.0")
 
 
 configfile: "config/config.yaml"
+
+
+# --config cluster={job_runtime_min: 5} gives nested values as strings: typed as the schema says
+sm_settings.typed(config, sm_settings.schema("config"))
 
 
 validate(config, "config/schemas/config.schema.yaml")

@@ -1,9 +1,13 @@
 # Shared helpers: the experiment, its cells, and named input functions.
+import atexit
 import os
 from pathlib import Path
 
 from snakemake_interface_executor_plugins.settings import ExecMode
+from snakemake.settings.enums import Quietness
 
+from speedmatrix.jobs import allocations as sm_allocations
+from speedmatrix.jobs import enginecheck as sm_enginecheck
 from speedmatrix.serve import broker as sm_broker
 from speedmatrix.report import charts as sm_charts
 from speedmatrix.plan import experiment as sm_experiment
@@ -36,10 +40,12 @@ IDLE_TIMEOUT_S = float(config["server_idle_timeout_s"])
 # unless the profile or --resources set it; one mutex per config keeps a config's
 # jobs one at a time.
 try:
-    # a pool is one node's: on a cluster each server config has its own allocation
-    GPU_POOL = sm_pool.node_pool(config.get("gpus"), EXP) if workflow.local_exec else ()
+    # every GPU this node gives the run (also what the check before any job holds tensor x pipeline parallel to)
+    GPU_NODE = sm_pool.node_gpus(config.get("gpus"), EXP)
 except sm_experiment.ConfigError as err:
     raise WorkflowError(f"speedmatrix: {err}") from None
+# a pool is one node's: on a cluster each server config has its own allocation
+GPU_POOL = GPU_NODE if workflow.local_exec and len(GPU_NODE) > 1 else ()
 DEVICE_UNITS = sm_pool.device_units(GPU_POOL)
 if "device" in workflow.global_resources:
     # the profile or --resources fixed it (profiles/slurm: one allocation, one device set);
@@ -80,6 +86,34 @@ wildcard_constraints:
     gate="|".join(sm_gates.GATES),
 
 
+# A dry run for a cluster (`make plan PROFILE=slurm`) ends by printing the allocations it would submit, from
+# Snakemake's own group jobs (speedmatrix.jobs.allocations): the DAG exists only once the run is planned, and
+# whether this is a dry run of a cluster profile only once Snakemake has read its settings.
+def for_cluster():
+    # the jobs go to a cluster: a remote executor, or a dry run of a profile that makes allocations of groups
+    # (profiles/slurm: group-components; a dry run's executor is a local one)
+    return not workflow.local_exec or (
+        workflow.dryrun and bool(workflow.group_settings.group_components)
+    )
+
+
+def print_allocations():
+    if not workflow.dryrun:
+        return
+    try:
+        if Quietness.PROGRESS in (workflow.output_settings.quiet or ()):
+            # `make plan`: Snakemake's own table would come twice (`--quiet rules`) or not at all
+            print(sm_allocations.job_counts(workflow.dag))
+        if for_cluster():
+            print(sm_allocations.text(sm_allocations.of_dag(workflow.dag, job_threads)))
+    except Exception as err:  # Snakemake could not merge a group's resources: its own words
+        print(f"speedmatrix: the allocations could not be listed: {err}")
+
+
+if workflow.is_main_process:
+    atexit.register(print_allocations)
+
+
 def results_root(wildcards):
     # the results root (config results_dir): the device lock and the registry of
     # running servers live there (speedmatrix.jobs.job.JobContext)
@@ -95,6 +129,16 @@ def stop_servers():
 def preflight():
     # before any job: what the run needs from this machine, one message per cause
     problems = sm_preflight.problems(EXP)
+    # every server config against the vLLM that will serve it (speedmatrix validate's check; cached)
+    found = sm_enginecheck.check(
+        EXP,
+        MODELS,
+        gpus_here=None if for_cluster() else len(GPU_NODE) or None,
+    )
+    for line in found.lines():
+        if not line.startswith("error: "):
+            print(f"speedmatrix: {line}")
+    problems += found.errors
     if problems:
         raise WorkflowError("speedmatrix: before any job:\n  " + "\n  ".join(problems))
     moved = sm_preflight.moved_tag(EXP, f"{RESULTS}/runtime.lock.json")
@@ -304,6 +348,12 @@ def server_gpus(wildcards):
     return EXP.server(wildcards.server_id).gpus
 
 
+def server_gpu_model(wildcards):
+    # the cluster's GPU model for a GPU config (config cluster.gpu_model): every job of its allocation asks the
+    # same (SLURM gets --gpus=<model>:<N> once); none for a CPU config
+    return config["cluster"]["gpu_model"] if EXP.server(wildcards.server_id).gpus else ""
+
+
 def server_gpus_needed(wildcards):
     # tensor x pipeline parallel, whatever the device (the check decides what applies)
     return EXP.server(wildcards.server_id).parallel_size
@@ -315,7 +365,7 @@ def job_threads(wildcards):
     # runs configs side by side; on a cluster, the CPUs of the server config's
     # allocation (config.yaml: cluster.job_threads). Evaluated per job, once the
     # executor is known.
-    if not workflow.local_exec:
+    if for_cluster():
         return config["cluster"]["job_threads"]
     return 1024 if DEVICE_UNITS == 1 else max(1, workflow.cores // DEVICE_UNITS)
 
@@ -369,6 +419,7 @@ def server_job_resources(kind):
         "device": device_of(kind),
         # GPUs of the server config (tensor x pipeline parallel; 0 on a CPU runtime)
         "gpu": server_gpus,
+        "gpu_model": server_gpu_model,
         "mem_mb": config["cluster"]["job_mem_mb"],
         "runtime": config["cluster"]["job_runtime_min"],
     }

@@ -17,6 +17,7 @@ rule p2p_check:
     resources:
         device=DEVICE_UNITS,
         gpu=server_gpus,
+        gpu_model=server_gpu_model,
     params:
         gpus=server_gpus_needed,
         device=EXP.runtime["device"],

@@ -252,10 +252,22 @@ def cmd_bundle(ns: argparse.Namespace) -> int:
 
 
 def cmd_validate(ns: argparse.Namespace) -> int:
+    from .jobs import enginecheck
     from .plan import experiment
+    from .serve import pool
 
     exp = experiment.load(ns.experiment, ns.experiments_dir)
-    print(f"{exp.path}: ok ({len(exp.servers)} server configs, {len(exp.cells())} cells)")
+    gpus = len(pool.node_gpus(ns.gpus, exp)) or None if exp.runtime["device"] == "gpu" and not ns.cluster else None
+    found = enginecheck.check(exp, ns.models_dir, gpus_here=gpus)
+    for line in found.lines():
+        print(f"  {line}", flush=True)
+    if found.errors:
+        print(f"{exp.path}: {len(found.errors)} error(s): fix them before the run (nothing was started or "
+              "downloaded)", file=sys.stderr)
+        return 1
+    print(f"{exp.path}: ok ({len(exp.servers)} server configs, {len(exp.cells())} cells"
+          + (f"; {len(found.warnings)} warning(s)" if found.warnings else "")
+          + (f"; {len(found.skipped)} check(s) not run here" if found.skipped else "") + ")")
     return 0
 
 
@@ -379,13 +391,25 @@ def _add_experiment_commands(sub) -> None:
          "or apptainer command included): exactly what the workflow runs. The image digest and model revisions "
          "appear once pinned (runtime.lock.json, the model manifests); {port} is the host port chosen at start "
          "unless the config fixes it"),
-        ("validate", cmd_validate, "check an experiment file against the schema"),
+        ("validate", cmd_validate, "check an experiment before anything is downloaded, started or queued: the "
+         "file against the schema, then every server config against the vLLM that will serve it, with that vLLM's "
+         "own code run in its Python (its argument parser, its serve checks, its speculative config's methods and "
+         "keys; no engine start, no GPU): each flag and value, the speculative method and its drafter, the device "
+         "(runtime.device gpu needs a CUDA or ROCm vLLM; tensor x pipeline parallel within the GPUs here), each "
+         "cell's prompt plus max_tokens within max-model-len, concurrency above max-num-seqs (a warning), Hub "
+         "models that do not exist. vLLM's answer is cached under the runtime's pin (~/.cache/speedmatrix/engine-check/): "
+         "a second validate starts no Python. What cannot be checked here is listed with why. Exit 1 on an error"),
     ):
         a = sub.add_parser(name, help=text.split(":")[0], description=text)
         a.add_argument("experiment")
         a.add_argument("--experiments-dir", default="config/experiments")
         a.add_argument("--models-dir", default="resources/models")
         a.add_argument("--results-dir", default="results")
+        if func is cmd_validate:
+            a.add_argument("--gpus", default=None,
+                           help="the GPUs a run here may use (as config 'gpus'); default: what NVML counts")
+            a.add_argument("--cluster", action="store_true",
+                           help="the run goes to a cluster: the GPUs of this machine say nothing of the nodes'")
         a.set_defaults(func=func)
     ls = sub.add_parser("experiments", help="list the experiments in config/experiments")
     ls.add_argument("--experiments-dir", default="config/experiments")

@@ -54,3 +54,8 @@ class StoreError(SpeedmatrixError):
 
 class ResultFileError(SpeedmatrixError, ValueError):
     """A file a run wrote that cannot be read back (damaged, cut short): names the file and says what to do."""
+
+
+class EngineCheckError(SpeedmatrixError, RuntimeError):
+    """The runtime's Python could not run vLLM's own checks of an experiment (speedmatrix.jobs.enginecheck): the
+    check is reported as not run, with this reason."""

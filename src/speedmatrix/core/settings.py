@@ -47,6 +47,32 @@ def _deref(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
+def typed(data: Any, node: dict[str, Any], root: dict[str, Any] | None = None) -> Any:
+    """Strings where the schema asks for an integer, a number or a boolean, converted in place (where they read as
+    one): Snakemake's ``--config cluster={job_runtime_min: 5}`` gives a nested mapping's values as strings."""
+    root = node if root is None else root
+    node = _deref(node, root)
+    if isinstance(data, dict):
+        props = node.get("properties", {})
+        for key, value in data.items():
+            if key in props:
+                data[key] = typed(value, props[key], root)
+        return data
+    if isinstance(data, str):
+        kinds = node.get("type", [])
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        text = data.strip()
+        if "boolean" in kinds and text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        for kind, cast in (("integer", int), ("number", float)):
+            if kind in kinds:
+                try:
+                    return cast(text)
+                except ValueError:
+                    pass
+    return data
+
+
 def apply_defaults(data: Any, node: dict[str, Any], root: dict[str, Any],
                    validator: jsonschema.protocols.Validator | None = None) -> Any:
     """Fill every absent key that has a ``default`` in ``node`` (a schema, or a part of ``root``), in

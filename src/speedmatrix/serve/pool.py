@@ -76,20 +76,25 @@ def node_pool(given: Any, exp: Experiment, count=nvml_count) -> tuple[str, ...]:
     """The workflow's GPU pool: ``given`` (config ``gpus``: a count or a list of ids), else NVML's
     count on a GPU runtime (within this process's CUDA_VISIBLE_DEVICES); () for one undivided
     device. A pool of one GPU is one undivided device too."""
+    ids = node_gpus(given, exp, count)
+    return ids if len(ids) > 1 else ()
+
+
+def node_gpus(given: Any, exp: Experiment, count=nvml_count) -> tuple[str, ...]:
+    """Every GPU this node gives the run: ``given`` (config ``gpus``), else this process's CUDA_VISIBLE_DEVICES,
+    else NVML's count on a GPU runtime; () on the CPU or where none can be counted."""
     if given is None or given == "":
         if exp.runtime["device"] == "cpu":
             return ()
         visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-        ids = tuple(visible) if visible else tuple(str(i) for i in range(count()))
-    elif isinstance(given, bool):
+        return tuple(visible) if visible else tuple(str(i) for i in range(count()))
+    if isinstance(given, bool):
         raise ConfigError(f"config key 'gpus': give a number of GPUs or a list of GPU ids, not {given!r}")
-    elif isinstance(given, int) or (isinstance(given, str) and given.isdigit()):
-        ids = tuple(str(i) for i in range(int(given)))
-    elif isinstance(given, (list, tuple)) or isinstance(given, str):
-        ids = tuple(str(g).strip() for g in (given.split(",") if isinstance(given, str) else given))
-    else:
-        raise ConfigError(f"config key 'gpus': give a number of GPUs or a list of GPU ids, not {given!r}")
-    return ids if len(ids) > 1 else ()
+    if isinstance(given, int) or (isinstance(given, str) and given.isdigit()):
+        return tuple(str(i) for i in range(int(given)))
+    if isinstance(given, (list, tuple)) or isinstance(given, str):
+        return tuple(str(g).strip() for g in (given.split(",") if isinstance(given, str) else given))
+    raise ConfigError(f"config key 'gpus': give a number of GPUs or a list of GPU ids, not {given!r}")
 
 
 def parallel_allowed(exp: Experiment, kind: str) -> bool:

@@ -224,6 +224,12 @@ class Workload:
         """What this kind adds to the end of a cell id (``id_pattern`` matches it)."""
         return ""
 
+    def longest_request(self, cell: Cell) -> int | None:
+        """Tokens the cell's longest request holds, prompt and output at its cap, where the cell's definition
+        fixes it (the check against max-model-len before a run); None where a trace's prompts are sent and only
+        those that fit the context are (the context is a ceiling there, not a length)."""
+        return None if self.reads_trace else cell.context_tokens + self.request_max_tokens(cell)
+
     def needed_kv_tokens(self, cell: Cell) -> int:
         """KV tokens the cell needs at once: every request at full context plus its output cap
         (more than the server has: the cell is over capacity and not sent). An open-loop cell holds no

@@ -46,6 +46,9 @@ class SessionSearch(TargetSearch):
     def id_suffix(self, cell: Cell) -> str:
         return f"-for-{cell.opts['slo']}-turns{cell.opts['turns']}"
 
+    def longest_request(self, cell: Cell) -> int:
+        return final_history(cell)  # a session's last turn: the conversation so far and its answer
+
     def needed_kv_tokens(self, cell: Cell) -> int:
         return final_history(cell)  # one session's last turn; more users queue or are evicted
 

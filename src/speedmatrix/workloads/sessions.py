@@ -143,6 +143,9 @@ class Sessions(Workload):
     def id_suffix(self, cell: Cell) -> str:
         return f"-turns{cell.opts['turns']}"
 
+    def longest_request(self, cell: Cell) -> int:
+        return final_history(cell)  # a session's last turn: the conversation so far and its answer
+
     def needed_kv_tokens(self, cell: Cell) -> int:
         return final_history(cell)  # one session's last turn; the server queues or evicts the rest
 
