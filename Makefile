@@ -71,9 +71,17 @@ endif
 host_site = $(PYTHON) -c "import site; print(*site.getsitepackages(), sep=chr(10))" \
 	> "$$($(1)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_host_site.pth"
 # ENGINE: the vLLM beside the package. cpu: vLLM for the CPU and its CPU torch (the embedded default);
-# cuda: vLLM for CUDA from a cuda bundle, in a venv that also sees the host's own packages (its torch).
+# cuda: vLLM for CUDA from a cuda bundle, in a venv that also sees the host's own packages (its torch);
+# none: the orchestrator alone (a cluster's login node, whose experiments name the vLLM that serves them in
+# runtime.command or an image: docs/your-model.md).
 ENGINE ?= cpu
-ifeq ($(ENGINE),cuda)
+ifeq ($(ENGINE),none)
+HOST_SITE := true
+INSTALL := $(UV) install --python $(BIN)/python --compile-bytecode $(UV_EXTRA)
+WITH_ENGINE := -e .
+WITH_TEST := -e '.[test]'
+DROP_CUDA_EXTRAS := true
+else ifeq ($(ENGINE),cuda)
 # The venv sees the site-packages of the Python that made it (a file _host_site.pth names them, which
 # also works where that Python is itself a venv's): the host's torch, CUDA libraries and whatever else
 # a bundle left out (--host-has, --without). pip installs here, not uv: pip takes a package the host
@@ -95,7 +103,7 @@ endif
 
 # make install: the package, its engine and the test tools (ENGINE=cuda: what a run needs; the tests run
 # on the CPU engine, and a cuda bundle carries no test tools)
-install: $(if $(filter cuda,$(ENGINE)),$(STAMP),$(TEST_STAMP))
+install: $(if $(filter cuda none,$(ENGINE)),$(STAMP),$(TEST_STAMP))
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)

@@ -105,7 +105,7 @@ def print_allocations():
             # `make plan`: Snakemake's own table would come twice (`--quiet rules`) or not at all
             print(sm_allocations.job_counts(workflow.dag))
         if for_cluster():
-            print(sm_allocations.text(sm_allocations.of_dag(workflow.dag, job_threads)))
+            print(sm_allocations.text(sm_allocations.of_dag(workflow.dag)))
     except Exception as err:  # Snakemake could not merge a group's resources: its own words
         print(f"speedmatrix: the allocations could not be listed: {err}")
 
@@ -128,7 +128,7 @@ def stop_servers():
 
 def preflight():
     # before any job: what the run needs from this machine, one message per cause
-    problems = sm_preflight.problems(EXP)
+    problems = sm_preflight.problems(EXP, cluster=for_cluster())
     # every server config against the vLLM that will serve it (speedmatrix validate's check; cached)
     found = sm_enginecheck.check(
         EXP,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import shutil
 
 import pytest
@@ -225,3 +227,13 @@ def test_an_experiment_extends_another_key_by_key(exp_dir):
     (exp_dir / "b.yaml").write_text("extends: a\n")
     with pytest.raises(experiment.ConfigError, match="comes back to itself"):
         experiment.load("a", exp_dir)
+
+
+def test_a_reader_that_goes_away_ends_the_listing_quietly(tmp_path):
+    # `speedmatrix experiments | head -1`: the rest of the output has nowhere to go; no error about a server
+    for i in range(6000):
+        (tmp_path / f"experiment-{i:05d}-with-a-long-name-to-fill-the-pipe.yaml").touch()
+    proc = subprocess.run(f"{sys.executable} -m speedmatrix.cli experiments --experiments-dir {tmp_path} | head -1",
+                          shell=True, capture_output=True, text=True, cwd=REPO, executable="/bin/bash")
+    assert proc.stdout.startswith("experiment-00000") and proc.stdout.count("\n") == 1
+    assert proc.stderr == ""

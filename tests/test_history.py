@@ -95,6 +95,17 @@ def test_a_failed_run_is_stored_as_failed(recorded, tmp_path):
     assert added and len(store.cells(db, second)) == 15 and store.cells(db, first).empty
 
 
+def test_a_run_that_finished_without_measuring_a_cell_is_empty_not_complete(tmp_path):
+    # every job it had succeeded, but it had no cell (it only pinned the runtime: `--until pin_runtime`)
+    pinned = tmp_path / "pinned"
+    pinned.mkdir()
+    (pinned / "run-summary.json").write_text(json.dumps({"succeeded": True, "failed": 0, "jobs": 1}))
+    db = tmp_path / "history.sqlite"
+    store.add(pinned, db)
+    row = store.runs(db).iloc[0]
+    assert row["status"] == "empty" and row["cells"] == 0
+
+
 def test_a_new_run_that_measured_nothing_is_no_pass(recorded, tmp_path, capsys):
     """A release whose servers never started (vLLM 0.26.0 on an H200: a kernel package of its environment did not
     match) has no cell: every cell is "only in base", and the check must not read that as "no cell slower"."""

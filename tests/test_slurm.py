@@ -36,6 +36,8 @@ def slurm_cmd(work: Path, experiment_name: str, experiments_dir: Path | str = "c
         sys.executable, "-m", "snakemake", "--workflow-profile", "profiles/slurm",
         "--config", f"experiment={experiment_name}", f"results_dir={work / 'results'}",
         f"models_dir={work / 'models'}", f"experiments_dir={experiments_dir}",
+        # the GPU model as docs/cluster.md says (a GRES type of the cluster: the CI node declares h100)
+        "cluster={gpu_model: h100}",
         "--default-resources", "slurm_partition=debug", "slurm_account=none", "runtime=30", "mem_mb=2000",
         # every cell kind has its rule (rules/cells.smk), and the losslessness check two (rules/lossless.smk): two
         # CPUs and 6 GB for each (this host's node has 2 CPUs: a group asking for more is never scheduled)
@@ -74,7 +76,11 @@ def job_ids(res: Path, where: str = "cells/*/*.json") -> dict[str, set[str]]:
 # polls): two server configs (one with the MTP drafter); the base config's decode cells are long enough to
 # kill its server during one. The first run loses that cell; the rerun measures it alone. The local
 # end-to-end test measures the default's 38 cells; here SLURM's own part is checked: one allocation and one
-# server start per config and run, job ids in the results, a failed cell rerun alone.
+# server start per config and run, job ids in the results, a failed cell rerun alone. The experiment is a GPU
+# user's (`device: gpu`, one GPU a config, the GPU model from `cluster.gpu_model`): the CI node declares two
+# h100 GPUs as a generic resource without devices, so each allocation asks for and is granted one, while the
+# server runs vLLM for the CPU (tests/vllm_cpu_in_a_gpu_allocation.sh).
+GPU_RUNTIME = {"device": "gpu", "command": [str(REPO / "tests/vllm_cpu_in_a_gpu_allocation.sh"), "--model"]}
 SERVERS = [
     {"id": "base", "workloads": {**LIFECYCLE_WORKLOADS,
                                  "latency": {"contexts": [128], "requests": 2, "max_tokens": 16}}},
@@ -88,8 +94,9 @@ SERVERS = [
 def slurm_runs(slurm_up, tmp_path_factory):
     """The first run (base's server killed during its second measured cell), what it left, and the rerun."""
     work = tmp_path_factory.mktemp("slurm")
-    exp_dir = one_server_experiment(work, "small", {}, SERVERS)
+    exp_dir = one_server_experiment(work, "small", {}, SERVERS, runtime=GPU_RUNTIME)
     res = work / "results" / "small"
+    plan = run(slurm_cmd(work, "small", exp_dir, "--dry-run", "--quiet", "rules", "progress"), timeout=300)
     # no retry: the failure must reach the end of this run (with the profile's retry the
     # resubmitted group restores the finished cells and measures the failed one at once)
     proc = subprocess.Popen(slurm_cmd(work, "small", exp_dir, "--retries", "0"), cwd=REPO,
@@ -112,11 +119,48 @@ def slurm_runs(slurm_up, tmp_path_factory):
     finally:
         if proc.poll() is None:
             proc.kill()
-    first = {"returncode": proc.returncode, "out": out, "left": wait_no_vllm(60),
+    first = {"returncode": proc.returncode, "out": out, "left": wait_no_vllm(60), "plan": plan,
+             "granted": granted_gpus(ids_of(res)),
              "jobs": {**job_ids(res, "store/*/*/*.json"), **job_ids(res)},
              "starts": starts(res), "victim": victim, "stored": stored}
     again = run(slurm_cmd(work, "small", exp_dir))
     return work, exp_dir, first, again, wait_no_vllm(60)
+
+
+def ids_of(res: Path) -> set[str]:
+    return {i for v in {**job_ids(res, "store/*/*/*.json"), **job_ids(res)}.values() for i in v if i}
+
+
+def granted_gpus(ids: set[str]) -> dict[str, str]:
+    """What SLURM granted each job (its TRES as scontrol shows a job, kept MinJobAge=300 s after it ends)."""
+    out = {}
+    for i in ids:
+        shown = subprocess.run(["scontrol", "show", "job", i], capture_output=True, text=True).stdout
+        out[i] = next((w for w in shown.split() if w.startswith("TresPerJob=")), "")
+    return out
+
+
+def test_the_plan_lists_the_allocations_a_gpu_user_asks_for(slurm_runs):
+    plan = slurm_runs[2]["plan"]
+    assert plan.returncode == 0, (plan.stdout + plan.stderr)[-3000:]
+    rows = {ln.split()[0]: ln.split() for ln in plan.stdout.splitlines() if ln.startswith(("  base ", "  mtp2 "))}
+    assert set(rows) == {"base", "mtp2"}, plan.stdout
+    # server config, jobs, GPUs, CPUs (the profile's set-threads), memory, time (the sum of the jobs' minutes)
+    assert rows["base"][2:5] == ["1", "x", "h100"] and rows["base"][5] == "2", rows
+    assert "debug" in rows["base"] and "none" in rows["base"]
+    assert "warning: the partition is empty" not in plan.stdout
+    assert plan.stdout.count("jobs would run:") == 1
+
+
+def test_gpu_configs_ask_for_and_get_their_gpus(slurm_runs):
+    work, _, first, _, _ = slurm_runs
+    # each allocation asked for one h100 and was granted it; every cell saw it
+    assert first["granted"] and all(t == "TresPerJob=gres:gpu:h100:1" for t in first["granted"].values()), \
+        first["granted"]
+    m = pd.read_parquet(work / "results" / "small" / "matrix.parquet")
+    cells = [json.loads(p.read_text()) for p in (work / "results" / "small").glob("cells/*/*.json")]
+    assert cells and all(c["provenance"]["scheduler"].get("SLURM_GPUS_ON_NODE") == "1" for c in cells)
+    assert len(m) == len(cells)
 
 
 def test_two_configs_on_slurm(slurm_runs):

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -252,13 +253,15 @@ def cmd_bundle(ns: argparse.Namespace) -> int:
 
 
 def cmd_validate(ns: argparse.Namespace) -> int:
-    from .jobs import enginecheck
+    from .jobs import enginecheck, preflight
     from .plan import experiment
     from .serve import pool
 
     exp = experiment.load(ns.experiment, ns.experiments_dir)
     gpus = len(pool.node_gpus(ns.gpus, exp)) or None if exp.runtime["device"] == "gpu" and not ns.cluster else None
     found = enginecheck.check(exp, ns.models_dir, gpus_here=gpus)
+    # what the run's first step also checks on this machine (a command, a container engine, a reference client)
+    found.errors[:0] = preflight.problems(exp, cluster=ns.cluster)
     for line in found.lines():
         print(f"  {line}", flush=True)
     if found.errors:
@@ -595,6 +598,9 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         return ns.func(ns)
+    except BrokenPipeError:  # the reader went away (`speedmatrix experiments | head -1`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        return 0
     except CellError as err:
         print(f"speedmatrix: cell failed: {err}", file=sys.stderr)
         return 1

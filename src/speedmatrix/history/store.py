@@ -35,8 +35,8 @@ SCHEMA_VERSION = 1
 # per request: what the regression verdict resamples, and what says which requests count
 REQUEST_COLUMNS = ["server_id", "cell_id", "repeat", "request_index", "phase", "counted", "start_s", "end_s",
                    "ttft_ms", "output_tokens", "prompt_tokens", "error", "looped"]
-# a run's status that says some of its jobs failed or did not run (the others: complete, and unknown for a folder
-# kept without its run summary)
+# a run's status that says some of its jobs failed or did not run (the others: complete; empty for a run that
+# measured no cell; unknown for a folder kept without its run summary)
 INCOMPLETE_STATUSES = ("partial", "failed")
 RUN_COLUMNS = ["run_id", "experiment", "status", "cells", "started_at", "added_at", "vllm_version", "runtime_ref",
                "packages_sha256", "models_sha256", "hostname", "cpu_model", "cpu_count", "machine_id", "boot_id",
@@ -186,7 +186,10 @@ def manifest(run: str | Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFram
     experiment, run_id = _run_id(run, cells, summary)
     started = sorted(str(doc["result"].get("started_at")) for doc in cells.values() if doc["result"].get("started_at"))
     # a folder kept without its run summary (a recorded run): what it holds, its end unknown
-    status = ("unknown" if not summary else "complete" if summary.get("succeeded") and not summary.get("failed")
+    # a run that finished every job it had and measured no cell (it only pinned the runtime, or stopped at a target
+    # before any cell: `--until`) is "empty", not "complete"
+    status = ("unknown" if not summary else
+              ("complete" if len(matrix) else "empty") if summary.get("succeeded") and not summary.get("failed")
               else "failed" if not summary.get("succeeded") else "partial")
     gpu = matrix["gpu_name"].dropna() if "gpu_name" in matrix else pd.Series(dtype=object)
     row = {

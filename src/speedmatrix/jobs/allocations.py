@@ -31,9 +31,18 @@ def _res(resources: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def of_dag(dag: Any, threads: Any = None) -> list[Allocation]:
-    """The group jobs of a dry run's DAG (jobs that need to run), as Snakemake would submit them. ``threads``: a
-    job's wildcards -> its CPUs on the cluster (a dry run's threads are capped at the local cores)."""
+def _cpus(job: Any) -> int:
+    """A job's CPUs as a cluster job asks them: its rule's threads (after --set-threads; a function of the wildcards
+    evaluated as Snakemake does), not a dry run's, which are capped at the local cores."""
+    if "_cores" not in job.rule.resources:
+        return int(job.threads)
+    threads = job.rule.resources["_cores"]
+    value = threads.evaluate(job.wildcards).value if hasattr(threads, "evaluate") else threads
+    return int(value) if isinstance(value, int) else int(job.threads)
+
+
+def of_dag(dag: Any) -> list[Allocation]:
+    """The group jobs of a dry run's DAG (jobs that need to run), as Snakemake would submit them."""
     groups: dict[str, Any] = {}
     for job in dag.needrun_jobs():
         group = dag.get_job_group(job)
@@ -50,7 +59,7 @@ def of_dag(dag: Any, threads: Any = None) -> list[Allocation]:
             jobs=len(members),
             gpus=int(_res(res, "gpu", 0) or 0),
             gpu_model=str(_res(first, "gpu_model", "") or ""),
-            cpus=max(int(threads(j.wildcards)) for j in members) if threads else int(group.threads or 1),
+            cpus=max(_cpus(j) for j in members),
             mem_mb=int(_res(res, "mem_mb", 0) or 0),
             runtime_min=int(_res(res, "runtime", 0) or 0),
             partition=str(_res(first, "slurm_partition", "") or ""),

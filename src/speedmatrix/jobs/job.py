@@ -28,7 +28,7 @@ from ..serve.pool import Placement
 
 
 def scheduler_env() -> dict[str, str]:
-    keys = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_NODELIST", "SLURM_STEP_ID")
+    keys = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_NODELIST", "SLURM_STEP_ID", "SLURM_GPUS_ON_NODE")
     return {k: os.environ[k] for k in keys if k in os.environ}
 
 

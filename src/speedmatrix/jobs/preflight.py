@@ -50,12 +50,14 @@ def _engine_problems(exp: Experiment) -> list[str]:
     return []
 
 
-def problems(exp: Experiment) -> list[str]:
+def problems(exp: Experiment, cluster: bool = False) -> list[str]:
+    """What this machine lacks for the run, one message each. ``cluster``: the servers run on a cluster's nodes, so a
+    ``runtime.command`` that is not here may be theirs (the engine check says it was not checked)."""
     rt, out = exp.runtime, []
     kind = rt["kind"]
     if kind == "local":
         if rt.get("command"):
-            problem = _command_problem(rt["command"][0])
+            problem = None if cluster else _command_problem(rt["command"][0])
             if problem:
                 out.append(f"{exp.path}: key '{problem.split(':')[0]}': {problem.split(': ', 1)[1]} (give the "
                            "argv of the vLLM installation that serves this experiment)")

@@ -294,10 +294,11 @@ def download(name: str, repo: str, revision: str, out_dir: str | Path,
     try:
         path = Path(snapshot_download(repo_id=repo, revision=revision, allow_patterns=allow_patterns))
     except errors.LocalEntryNotFoundError:
+        why = ("downloads are off (HF_HUB_OFFLINE=1)" if constants.HF_HUB_OFFLINE else
+               f"the Hub ({constants.ENDPOINT}) could not be reached")
         raise ModelError(
-            f"{where} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and downloads are off "
-            f"(HF_HUB_OFFLINE={int(constants.HF_HUB_OFFLINE)}): run once with network access, or populate the "
-            "cache (HF_HUB_CACHE / HF_HOME) from a machine that has it") from None
+            f"{where} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {why}: run once with network "
+            "access, or populate the cache (HF_HUB_CACHE / HF_HOME) from a machine that has it") from None
     except errors.GatedRepoError:
         raise ModelError(f"{where} is gated: accept its license on huggingface.co, then export HF_TOKEN "
                          "with a token that may read it") from None
