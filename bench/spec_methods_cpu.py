@@ -1,7 +1,8 @@
 """Which speculative methods vLLM for the CPU serves, for which target architectures, and whether greedy output
 stays the target's.
 
-For two tiny targets with the shipped tokenizer (the Gemma-4 architecture of the default's model, and Llama), every
+For two tiny targets with the shipped tokenizer (the Gemma-4 architecture of the default's model and Llama, four
+layers each), every
 method vLLM names for a drafter of one's own (EAGLE, EAGLE-3, a draft model) and the ones without (ngram), plus MTP
 with the default's Gemma-4 drafter: a server is started with random weights (`--load-format dummy`: vLLM's own
 initialisation, the same for every start, for the target and its drafter alike: what is measured is whether the
@@ -45,10 +46,13 @@ def _write(folder: Path, config: dict) -> Path:
 
 def models(root: Path) -> dict[str, Path]:
     """The targets and drafters, as configs (their weights are vLLM's dummy initialisation)."""
-    gemma = json.loads((SHIPPED / "tiny-gemma4-trained/config.json").read_text())
+    # four layers (the shipped target has two): EAGLE-3 reads the target's hidden states at three layers, by
+    # default layers 2, L/2 and L-3, which a two-layer target does not have
+    shipped = json.loads((SHIPPED / "tiny-gemma4-trained/config.json").read_text())
+    gemma = {**shipped, "num_hidden_layers": 4, "layer_types": shipped["layer_types"] * 2}
     h, vocab = gemma["hidden_size"], gemma["vocab_size"]
     llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h, "intermediate_size": 512,
-             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32,
+             "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32,
              "vocab_size": vocab, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "bos_token_id": 2,
              "eos_token_id": 1, "pad_token_id": 0, "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
     head = {**llama, "num_hidden_layers": 1, "tie_word_embeddings": False}
@@ -56,7 +60,8 @@ def models(root: Path) -> dict[str, Path]:
         "gemma4": _write(root / "gemma4", gemma),
         "llama": _write(root / "llama", llama),
         "eagle": _write(root / "eagle", {**head, "architectures": ["EagleLlamaForCausalLM"]}),
-        "eagle3": _write(root / "eagle3", {**head, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": vocab}),
+        "eagle3": _write(root / "eagle3", {**head, "architectures": ["LlamaForCausalLMEagle3"],
+                                           "draft_vocab_size": vocab}),
         "draft-gemma4": _write(root / "draft-gemma4", {**gemma, "num_hidden_layers": 1,
                                                        "layer_types": ["full_attention"]}),
         "draft-llama": _write(root / "draft-llama", {**llama, "num_hidden_layers": 1}),

@@ -106,7 +106,9 @@ def print_allocations():
             print(sm_allocations.job_counts(workflow.dag))
         if for_cluster():
             print(sm_allocations.text(sm_allocations.of_dag(workflow.dag)))
-    except Exception as err:  # Snakemake could not merge a group's resources: its own words
+    except (
+        Exception
+    ) as err:  # Snakemake could not merge a group's resources: its own words
         print(f"speedmatrix: the allocations could not be listed: {err}")
 
 
@@ -351,7 +353,9 @@ def server_gpus(wildcards):
 def server_gpu_model(wildcards):
     # the cluster's GPU model for a GPU config (config cluster.gpu_model): every job of its allocation asks the
     # same (SLURM gets --gpus=<model>:<N> once); none for a CPU config
-    return config["cluster"]["gpu_model"] if EXP.server(wildcards.server_id).gpus else ""
+    return (
+        config["cluster"]["gpu_model"] if EXP.server(wildcards.server_id).gpus else ""
+    )
 
 
 def server_gpus_needed(wildcards):

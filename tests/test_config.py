@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
-import shutil
 
 import pytest
 import yaml

@@ -172,7 +172,8 @@ def test_online_a_repository_that_does_not_exist_is_an_error_before_any_download
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NoSuchRepo)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        path = experiment(tmp, "typo", [MISTAKES[0]], models={"hub": {"repo": "Qwen/Qwen3-8b-typo", "revision": "main"}})
+        path = experiment(tmp, "typo", [MISTAKES[0]],
+                          models={"hub": {"repo": "Qwen/Qwen3-8b-typo", "revision": "main"}})
         proc = validate(path, tmp, env={"HF_HUB_OFFLINE": "0",
                                         "HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}"})
     finally:

@@ -400,8 +400,9 @@ def _add_experiment_commands(sub) -> None:
          "keys; no engine start, no GPU): each flag and value, the speculative method and its drafter, the device "
          "(runtime.device gpu needs a CUDA or ROCm vLLM; tensor x pipeline parallel within the GPUs here), each "
          "cell's prompt plus max_tokens within max-model-len, concurrency above max-num-seqs (a warning), Hub "
-         "models that do not exist. vLLM's answer is cached under the runtime's pin (~/.cache/speedmatrix/engine-check/): "
-         "a second validate starts no Python. What cannot be checked here is listed with why. Exit 1 on an error"),
+         "models that do not exist. vLLM's answer is cached under the runtime's pin "
+         "(~/.cache/speedmatrix/engine-check/): a second validate starts no Python. What cannot be checked here "
+         "is listed with why. Exit 1 on an error"),
     ):
         a = sub.add_parser(name, help=text.split(":")[0], description=text)
         a.add_argument("experiment")

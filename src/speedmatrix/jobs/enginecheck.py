@@ -32,7 +32,7 @@ from typing import Any
 
 from ..core.errors import EngineCheckError
 from ..plan.experiment import Experiment, ServerConfig
-from ..serve import engineprobe, envprobe, runtimes
+from ..serve import engineprobe, runtimes
 
 MARKER = "SPEEDMATRIX-ENGINE-CHECK "
 PROBE_TIMEOUT_S = 600
