@@ -150,7 +150,10 @@ def serve(target: Path, spec: dict | None, log: Path) -> dict:
                            "ignore_eos": True})
                 outs.append(r["choices"][0]["text"])
             except OSError as e:
-                result["error"] = f"request failed: {e}"
+                # the engine's own reason, from its log: the last exception line
+                why = [ln.split("] ", 1)[-1] for ln in log.read_text(errors="replace").splitlines()
+                       if "Error: " in ln and "EngineDeadError" not in ln]
+                result["error"] = f"request failed: {e}" + (f"; the engine: {why[-1].strip()[:300]}" if why else "")
                 break
         result["outputs"] = outs
         metrics = _get(f"http://127.0.0.1:{port}/metrics")

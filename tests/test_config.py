@@ -237,3 +237,28 @@ def test_a_reader_that_goes_away_ends_the_listing_quietly(tmp_path):
                           shell=True, capture_output=True, text=True, cwd=REPO, executable="/bin/bash")
     assert proc.stdout.startswith("experiment-00000") and proc.stdout.count("\n") == 1
     assert proc.stderr == ""
+
+
+def test_the_cluster_plan_of_a_gpu_experiment_with_settings_from_the_command_line(tmp_path):
+    """`make plan PROFILE=slurm` as a GPU user runs it (no SLURM needed for a dry run): cluster settings given on the
+    command line are typed as the schema says, the GPU model is asked once per allocation, the jobs are listed
+    once and each allocation's GPUs, CPUs, memory and time are printed, with a warning for the empty partition."""
+    from conftest import one_server_experiment
+
+    exp_dir = one_server_experiment(tmp_path, "gpu", {"decode": {"contexts": [128], "concurrency": [1, 4],
+                                                                 "duration_s": 5, "max_tokens": 16}},
+                                    servers=[{"id": "a"}, {"id": "b", "args": {"tensor-parallel-size": 2}}],
+                                    runtime={"device": "gpu"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--workflow-profile", "profiles/slurm", "--config", "experiment=gpu",
+         f"experiments_dir={exp_dir}", f"results_dir={tmp_path / 'results'}", f"models_dir={tmp_path / 'models'}",
+         "cluster={gpu_model: h100, job_runtime_min: 5, job_mem_mb: 16000}", "--dry-run", "--quiet", "rules",
+         "progress"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert out.count("jobs would run:") == 1 and "Job stats" not in out + proc.stderr
+    rows = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith(("  a ", "  b "))}
+    # server config, jobs, GPUs, CPUs (cluster.job_threads), memory, time (5 minutes a job, summed)
+    assert rows["a"][:8] == ["a", "2", "1", "x", "h100", "4", "16", "GB"], rows
+    assert rows["b"][2:5] == ["2", "x", "h100"] and rows["a"][8:10] == ["10", "min"], rows
+    assert "warning: the partition is empty" in out and "warning: the account is empty" in out

@@ -29,6 +29,8 @@ MISTAKES = [
     {"id": "no-drafter", "speculative": {"method": "eagle3", "num_speculative_tokens": 2}},
     {"id": "short", "args": {"max-model-len": 512}},
     {"id": "queue", "args": {"max-num-seqs": 2}},
+    # the shipped target's own limit is 8,192 positions (its config.json)
+    {"id": "too-long", "args": {"max-model-len": 16384}},
 ]
 
 
@@ -100,6 +102,26 @@ def test_lengths_and_queues(mistakes):
     assert errors_of(cold, "queue") == []
     (queue,) = [ln for ln in cold.stdout.splitlines() if ln.strip().startswith("warning:") and "'queue'" in ln]
     assert "concurrency 4 is above max-num-seqs 2" in queue and "measure a queue" in queue
+
+
+def test_max_model_len_above_the_models_own_limit(mistakes):
+    tmp, path, _, _, _ = mistakes
+    # the model's config is read where it is at hand: the run's model folder (here, made as the run would)
+    from speedmatrix.provision import models
+
+    models.install_trained("tiny-gemma4-trained", tmp / "made" / "tiny-gemma4-trained")
+    proc = validate(path, tmp, "--models-dir", str(tmp / "made"))
+    (line,) = errors_of(proc, "too-long")
+    assert "key 'args.max-model-len': 16,384 is above the model's own limit 8,192" in line
+
+
+def test_an_image_that_is_not_pulled_is_not_checked_and_said_so(mistakes):
+    tmp = mistakes[0]
+    path = experiment(tmp, "image", [MISTAKES[0]], runtime={"kind": "docker", "image": "speedmatrix-test/none:1",
+                                                              "container_port": 8000})
+    proc = validate(path, tmp)
+    assert any("runtime.image 'speedmatrix-test/none:1'" in ln and "did not run" in ln
+               for ln in proc.stdout.splitlines() if "not checked:" in ln), proc.stdout + proc.stderr
 
 
 def test_a_second_validate_answers_from_the_cache_and_nothing_was_started(mistakes):
