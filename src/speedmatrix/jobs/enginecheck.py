@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -195,9 +196,9 @@ def _flag_key(key: str) -> str:
     return key if key.startswith("speculative.") or key == "args" else f"args.{key}"
 
 
-def model_limit(exp: Experiment, name: str, models_dir: str | Path) -> int | None:
-    """The model's own longest sequence, from its config where it is at hand (a local model's folder, or the
-    Hugging Face cache): nothing is downloaded."""
+def model_config(exp: Experiment, name: str, models_dir: str | Path) -> dict[str, Any] | None:
+    """A model's config.json where it is at hand (a local model's folder, or the Hugging Face cache): nothing is
+    downloaded."""
     m = exp.models[name]
     cfg_path: Path | None = None
     if "repo" in m:
@@ -206,16 +207,21 @@ def model_limit(exp: Experiment, name: str, models_dir: str | Path) -> int | Non
 
             found = try_to_load_from_cache(m["repo"], "config.json", revision=m.get("revision"))
             cfg_path = Path(found) if isinstance(found, str) else None
-        except Exception:  # a name the cache does not take: the limit is not known here
+        except Exception:  # a name the cache does not take: not at hand
             cfg_path = None
     else:
         cfg_path = Path(models_dir) / name / "config.json"
     if cfg_path is None or not cfg_path.is_file():
         return None
     try:
-        cfg = json.loads(cfg_path.read_text())
+        return json.loads(cfg_path.read_text())
     except ValueError:
         return None
+
+
+def model_limit(exp: Experiment, name: str, models_dir: str | Path) -> int | None:
+    """The model's own longest sequence, from its config where it is at hand."""
+    cfg = model_config(exp, name, models_dir) or {}
     for c in (cfg, cfg.get("text_config") or {}):
         for key in ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions"):
             if isinstance(c.get(key), int):
@@ -250,6 +256,36 @@ def _length_findings(exp: Experiment, srv: ServerConfig, ans: dict[str, Any], mo
             out.warnings.append(
                 f"{where}: concurrency {', '.join(map(str, queued))} is above max-num-seqs {seqs} (args.max-num-seqs): "
                 f"only {seqs} requests run at once, the rest wait: those cells measure a queue")
+
+
+KNOWN_FILE = Path(str(resources.files("speedmatrix") / "data" / "engine_known.yaml"))
+
+
+def known_broken(distribution: str | None, version: str | None, method: str | None,
+                 architectures: list[str]) -> dict[str, Any] | None:
+    """The measured entry (data/engine_known.yaml) saying this release serves this method wrongly for this target."""
+    import yaml
+
+    for entry in yaml.safe_load(KNOWN_FILE.read_text()) or []:
+        if (entry["distribution"] == distribution and version in entry["versions"] and entry["method"] == method
+                and (entry["targets"] == "any" or set(entry["targets"]) & set(architectures))):
+            return entry
+    return None
+
+
+def _method_findings(exp: Experiment, srv: ServerConfig, ans: dict[str, Any], models_dir, out: Findings) -> None:
+    method = (srv.speculative or {}).get("method")
+    if not method:
+        return
+    arch = (model_config(exp, srv.model, models_dir) or {}).get("architectures") or []
+    entry = known_broken(ans.get("vllm_distribution"), ans.get("vllm_version"), method, arch)
+    if entry:
+        out.errors.append(
+            f"{exp.path}: server config {srv.id!r}, key 'speculative.method': {method} on "
+            f"{entry['distribution']} {ans.get('vllm_version')}"
+            + (f" with a {'/'.join(arch)} target" if entry["targets"] != "any" else "")
+            + f" is not served correctly: {' '.join(entry['what'].split())} (measured: {entry['evidence']}); "
+            "use another method or another release")
 
 
 def _device_findings(exp: Experiment, ans: dict[str, Any], tgt: Target, gpus_here: int | None,
@@ -333,4 +369,5 @@ def check(exp: Experiment, models_dir: str | Path, gpus_here: int | None = None)
             out.errors.append(f"{exp.path}: server config {srv.id!r}, key '{_flag_key(key)}': vLLM "
                               f"{answer.get('vllm_version')} says: {message}")
         _length_findings(exp, srv, ans, models_dir, out)
+        _method_findings(exp, srv, answer, models_dir, out)
     return out
