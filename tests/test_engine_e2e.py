@@ -1,8 +1,8 @@
 """End to end on the real vLLM for the CPU: the default experiment and the server lifecycle.
 
 These tests start real servers (about a minute each on 2 cores); they share
-one run of ``tiny-cpu-full`` (the default in full: ngram speculation as a third config, every decode cell on
-both speculative configs; ``make run``'s ``tiny-cpu`` is its cut) and use a one-server experiment for the
+one run of ``tiny-cpu-full`` (the default in full: ngram speculation and an EAGLE head as third and fourth
+configs, every decode cell on the MTP config; ``make run``'s ``tiny-cpu`` is its cut) and use a one-server experiment for the
 failure and interrupt cases.
 """
 
@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -147,7 +148,7 @@ def test_matrix_is_real_and_complete(full_run):
     prefill = m[m.workload == "prefill"]
     assert (prefill.prompt_tok_s > 0).all()
     spec = m[(m.spec_tokens == 2) & (m.status != "over_capacity") & (m.workload == "decode")]
-    assert spec.spec_acceptance_rate.notna().all() and set(spec.spec_method) == {"mtp", "ngram"}
+    assert spec.spec_acceptance_rate.notna().all() and set(spec.spec_method) == {"mtp", "ngram", "eagle"}
     # the trained pair, greedy: the drafter's guesses are right often, not always, and less often one further
     greedy = m.set_index(["server_id", "cell_id"]).loc[("mtp2", "decode-ctx128-c4")]
     assert 0.1 < greedy.spec_acceptance_rate < 0.95, greedy.spec_acceptance_rate
@@ -323,7 +324,7 @@ def test_decisions_targets_goodput_frontier_and_search(full_run):
 
 
 def test_the_losslessness_check_of_each_speculative_config(full_run):
-    """mtp2 and ngram2 against base on the real engine: greedy outputs token-identical; sampled MTP on vLLM for
+    """mtp2, ngram2 and eagle2 against base on the real engine: greedy outputs token-identical; sampled MTP on vLLM for
     the CPU 0.32.0 has emitted tokens the target would hardly give (bench/results/spec_lossless/), and then its
     sampled cell is Lossy, kept out of the decisions and the frontier, and said in the report."""
     work, proc, _, _ = full_run
@@ -331,7 +332,7 @@ def test_the_losslessness_check_of_each_speculative_config(full_run):
     res = work / "results" / FULL
     exp = experiment.load(FULL)
     checks = {p.name: json.loads(p.read_text()) for p in (res / "lossless" / "base").glob("verdict-*.json")}
-    assert sorted(checks) == ["verdict-mtp2.json", "verdict-ngram2.json"]
+    assert sorted(checks) == ["verdict-eagle2.json", "verdict-mtp2.json", "verdict-ngram2.json"]
     for doc in checks.values():
         assert doc["twin"] == "base" and doc["provenance"]["vllm_version"] == "0.32.0"
         assert {v["setting"] for v in doc["settings"]} == set(exp.sampling_settings(doc["server_id"]))
@@ -392,10 +393,11 @@ def test_rederive_gives_the_runs_matrix_again(full_run, tmp_path):
 def test_one_server_start_per_server_config(full_run):
     work, proc, _, _ = full_run
     res = work / "results" / FULL
-    assert starts(res) == {"base": 1, "mtp2": 1, "ngram2": 1}
+    assert starts(res) == {"base": 1, "mtp2": 1, "ngram2": 1, "eagle2": 1}
     m = pd.read_parquet(res / "matrix.parquet")
     measured = m[m.status != "over_capacity"]
-    assert measured.groupby("server_id").server_start_id.nunique().to_dict() == {"base": 1, "mtp2": 1, "ngram2": 1}
+    assert measured.groupby("server_id").server_start_id.nunique().to_dict() == {
+        "base": 1, "mtp2": 1, "ngram2": 1, "eagle2": 1}
 
 
 def test_nothing_left_running_after_success(full_run):
@@ -409,7 +411,7 @@ def test_second_run_has_nothing_to_do(full_run):
     again = run_snakemake(work, timeout=300, experiment=FULL)
     assert again.returncode == 0
     assert "Nothing to be done" in again.stdout + again.stderr
-    assert starts(work / "results" / FULL) == {"base": 1, "mtp2": 1, "ngram2": 1}
+    assert starts(work / "results" / FULL) == {"base": 1, "mtp2": 1, "ngram2": 1, "eagle2": 1}
     # the run added itself to the results store when it ended; the second, with nothing to do, added nothing
     from speedmatrix.history import store
 
@@ -417,10 +419,11 @@ def test_second_run_has_nothing_to_do(full_run):
     assert len(runs) == 1 and runs["status"].iloc[0] == "complete" and runs["vllm_version"].iloc[0] == "0.32.0"
     matrix = pd.read_parquet(work / "results" / FULL / "matrix.parquet")
     assert runs["cells"].iloc[0] == len(matrix) and runs["cpu_model"].iloc[0]
-    # the host: its hashed boot id, and the median of the probes before the three server starts
+    # the host: its hashed boot id, and the median of the probes before the four server starts
     probes = [json.loads((work / "results" / FULL / "servers" / s / "startup.json").read_text())["host_probe_ms"]
-              for s in ("base", "mtp2", "ngram2")]
-    assert runs["host_probe_ms"].iloc[0] == pytest.approx(sorted(probes)[1]) and runs["boot_id"].iloc[0]
+              for s in ("base", "mtp2", "ngram2", "eagle2")]
+    assert runs["host_probe_ms"].iloc[0] == pytest.approx(statistics.median(probes), abs=1e-3)
+    assert runs["boot_id"].iloc[0]
 
 
 def test_a_failed_loop_aggregate_or_report_job_is_counted_with_its_cause(full_run):
@@ -447,7 +450,7 @@ def test_a_failed_loop_aggregate_or_report_job_is_counted_with_its_cause(full_ru
         assert s["causes"][0]["cause"] and s["causes"][0]["cause"] != "(failed before writing its log)", s
         assert s["not_run_jobs"] == after and s["done"] == s["jobs"] - 1 - len(after), (job, s)
         assert "1 failed" in out and "0 failed" not in out, out[-2000:]
-    # a model's manifest broken: the jobs that read it fail (the models lock, the three configs' launch specs),
+    # a model's manifest broken: the jobs that read it fail (the models lock, the four configs' launch specs),
     # every cell of the configs and what follows is not run; still no server starts
     (work / "models" / "tiny-gemma4-trained" / "speedmatrix-model.json").write_text("{ not what it should be")
     again = run_snakemake(work, timeout=300, experiment=FULL)
@@ -455,7 +458,7 @@ def test_a_failed_loop_aggregate_or_report_job_is_counted_with_its_cause(full_ru
     failed = sorted(j for c in s["causes"] for j in c["jobs"])
     assert again.returncode != 0 and "base server_launch" in failed and "mtp2 server_launch" in failed, s
     assert "models_lock" in failed and s["not_run"] > 0 and "0 failed" not in again.stdout + again.stderr
-    assert starts(res) == {"base": 1, "mtp2": 1, "ngram2": 1}
+    assert starts(res) == {"base": 1, "mtp2": 1, "ngram2": 1, "eagle2": 1}
 
 
 # --------------------------------------------------------------------------- failures

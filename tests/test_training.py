@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 
 # a few seconds of training: the package's corpora only, short windows
 QUICK = {"stdlib": False, "vocab_size": 512, "seq_len": 32, "batch": 8, "eval_fraction": 0.1,
-         "target": {"steps": 30, "warmup": 3, "lr": 1e-2}, "drafter": {"steps": 20, "warmup": 2, "lr": 1e-2}}
+         "target": {"steps": 30, "warmup": 3, "lr": 1e-2}, "drafter": {"steps": 20, "warmup": 2, "lr": 1e-2},
+         "eagle": {"steps": 20, "warmup": 2, "lr": 1e-2}}
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +34,39 @@ def test_a_short_retrain_lowers_the_losses(quick_pair):
     assert all(a < b for a, b in zip(drafter[-1]["eval_kl"], drafter[0]["eval_kl"], strict=True)), drafter
     assert record["files"] == training.shipped_hashes(out)
     assert json.loads((out / training.LOG).read_text())["target_eval_loss"] == record["target_eval_loss"]
+
+
+def test_the_eagle_head_learns_and_is_written_as_vllm_loads_it(quick_pair):
+    out, record = quick_pair
+    log = [e for e in record["eagle"]["log"]]
+    assert all(a < b for a, b in zip(log[-1]["eval_kl"], log[0]["eval_kl"], strict=True)), log
+    from safetensors import safe_open
+
+    with safe_open(out / models.TRAINED_EAGLE / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+    # vLLM's EagleLlamaForCausalLM: fc, then its layers (the first without an input norm); the embedding and the
+    # output head are the target's
+    assert "fc.weight" in names and "layers.0.self_attn.q_proj.weight" in names
+    assert not any("input_layernorm" in n or "embed" in n or "lm_head" in n for n in names), names
+    cfg = json.loads((out / models.TRAINED_EAGLE / "config.json").read_text())
+    assert cfg["architectures"] == ["EagleLlamaForCausalLM"] and cfg["hidden_size"] == 128
+    assert record["files"][models.TRAINED_EAGLE] == training.shipped_hashes(out)[models.TRAINED_EAGLE]
+    assert models.install_trained(models.TRAINED_EAGLE, out / "copy", root=out)["kind"] == "drafter"
+
+
+def test_the_unrolled_step_reads_what_vllms_proposer_has_cached():
+    """Two draft steps over three anchors: step 2 of anchor p reads step 1 up to anchor p (not p+1: the target has
+    not verified that token when the draft starts) and itself; step 1 is causal."""
+    got = training.eagle_mask(3, 2).int().tolist()
+    assert got == [
+        # step 1, anchors 0..2 | step 2, anchors 0..2
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [1, 0, 0, 1, 0, 0],
+        [1, 1, 0, 0, 1, 0],
+        [1, 1, 1, 0, 0, 1],
+    ]
 
 
 def test_a_trained_model_is_copied_checked_against_its_recorded_hashes(quick_pair, tmp_path):

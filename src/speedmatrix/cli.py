@@ -234,8 +234,14 @@ def cmd_interference(ns: argparse.Namespace) -> int:
 def cmd_train_pair(ns: argparse.Namespace) -> int:
     from .provision import training
 
-    changes = {k: {"steps": v} for k, v in (("target", ns.target_steps), ("drafter", ns.drafter_steps)) if v}
-    record = training.run_training(ns.out or training.SHIPPED, changes, progress=lambda m: print(m, file=sys.stderr))
+    changes = {k: {"steps": v} for k, v in (("target", ns.target_steps), ("drafter", ns.drafter_steps),
+                                            ("eagle", ns.eagle_steps)) if v}
+    progress = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    if ns.eagle_only:
+        record = training.run_eagle_training(ns.out or training.SHIPPED, changes, progress=progress)
+        print(json.dumps({k: record[k] for k in ("seconds", "eval", "parameters")}))
+        return 0
+    record = training.run_training(ns.out or training.SHIPPED, changes, progress=progress)
     print(json.dumps({k: record[k] for k in ("seconds", "target_eval_loss", "drafter_eval", "train_tokens")}))
     return 0
 
@@ -536,16 +542,21 @@ def _add_run_commands(sub) -> None:
 
 def _add_train_pair(sub) -> None:
     tp = sub.add_parser(
-        "train-pair", help="train the tiny Gemma-4 target and its MTP drafter that the package ships (CPU)",
-        description="Train the tiny pair again from its recipe (speedmatrix.provision.training.RECIPE: the corpus, the "
-        "tokenizer, the target, then the drafter distilled from it), with fixed seeds. About half an hour on "
-        "2 cores; the result is close to, not bit-identical with, the shipped files (floating-point order "
-        "differs between CPUs). Writes <out>/tiny-gemma4-trained, <out>/tiny-gemma4-trained-mtp and "
-        "<out>/training.json (the log, losses and file hashes).")
+        "train-pair", help="train the tiny Gemma-4 target, its MTP drafter and its EAGLE head that the package "
+        "ships (CPU)",
+        description="Train the tiny models again from their recipe (speedmatrix.provision.training.RECIPE: the "
+        "corpus, the tokenizer, the target, then the MTP drafter and the EAGLE head distilled from it), with fixed "
+        "seeds. About three quarters of an hour on 2 cores; the result is close to, not bit-identical with, the "
+        "shipped files (floating-point order differs between CPUs). Writes <out>/tiny-gemma4-trained, "
+        "<out>/tiny-gemma4-trained-mtp, <out>/tiny-gemma4-trained-eagle and <out>/training.json (the log, losses "
+        "and file hashes). --eagle-only trains the head alone for the target already in <out>.")
     tp.add_argument("--out", type=Path, help="where to write the pair (default: the package's own "
                     "data/models, which the `trained:` models of an experiment copy)")
     tp.add_argument("--target-steps", type=int, help="optimizer steps for the target (default: the recipe's)")
     tp.add_argument("--drafter-steps", type=int, help="optimizer steps for the drafter (default: the recipe's)")
+    tp.add_argument("--eagle-steps", type=int, help="optimizer steps for the EAGLE head (default: the recipe's)")
+    tp.add_argument("--eagle-only", action="store_true",
+                    help="train only the EAGLE head, for the (frozen) target already in <out>")
     tp.set_defaults(func=cmd_train_pair)
 
 

@@ -131,6 +131,7 @@ MANIFEST = "speedmatrix-model.json"
 # the trained pair the package ships (speedmatrix.provision.training writes it): its folder, its two models, its log
 TRAINED_DIR = Path(str(resources.files("speedmatrix") / "data" / "models"))
 TRAINED_TARGET, TRAINED_DRAFTER = "tiny-gemma4-trained", "tiny-gemma4-trained-mtp"
+TRAINED_EAGLE = "tiny-gemma4-trained-eagle"  # an EAGLE head for the same target (speedmatrix.provision.training)
 TRAINING_LOG = "training.json"
 
 
@@ -347,10 +348,12 @@ def install_trained(shipped: str, out_dir: str | Path, root: Path | None = None)
     manifest = {
         "source": "trained",
         "trained": shipped,
-        "kind": "drafter" if shipped == TRAINED_DRAFTER else "target",
+        "kind": "drafter" if shipped in (TRAINED_DRAFTER, TRAINED_EAGLE) else "target",
         "weights": "trained (speedmatrix.provision.training: its recipe, corpus and loss in training.json)",
-        "training": {k: record.get(k) for k in ("seconds", "train_tokens", "target_eval_loss", "drafter_eval",
-                                                "target_parameters", "drafter_parameters", "corpus")},
+        "training": ({k: (record.get("eagle") or {}).get(k) for k in ("seconds", "eval", "parameters", "recipe")}
+                     if shipped == TRAINED_EAGLE else
+                     {k: record.get(k) for k in ("seconds", "train_tokens", "target_eval_loss", "drafter_eval",
+                                                 "target_parameters", "drafter_parameters", "corpus")}),
         "files": file_hashes(out),
     }
     atomic.write_json(out / MANIFEST, manifest)

@@ -21,7 +21,15 @@ acceptance, loop verdicts and quality gates mean something. The recipe
   is trained towards the target's distribution of token ``p+k+1`` (KL), with
   the next step fed the step's own hidden state and the true token.
 
-Both are written as safetensors (bf16) with the tokenizer, ``config.json`` and a
+* **EAGLE head** (``EagleLlamaForCausalLM``, vLLM's ``eagle`` method): one Llama
+  decoder layer over ``fc([embedding of token p+1; the target's final hidden state
+  at p])``, the layer's input norm left out and no final norm, the target's
+  (tied) embedding table as its input embedding and its output head, as vLLM
+  shares them; distilled from the frozen target (KL to its distribution of token
+  ``p+2``), a second step fed the first step's own hidden state and the true token
+  attending to the first step's keys, as vLLM's proposer drafts.
+
+All three are written as safetensors (bf16) with the tokenizer, ``config.json`` and a
 training log. The result is not bit-identical across CPUs or thread counts
 (floating-point reduction order); the shipped files' hashes are in
 ``models.lock`` of every run that serves them.
@@ -81,11 +89,22 @@ RECIPE: dict[str, Any] = {
         "warmup": 20,
         "unrolled_steps": 2,
     },
+    # an EAGLE head (vLLM's EagleLlamaForCausalLM, method eagle) for the same frozen target
+    "eagle": {
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "intermediate_size": 256,
+        "rope_theta": 10000.0,
+        "steps": 400,
+        "lr": 3e-3,
+        "warmup": 20,
+        "unrolled_steps": 2,
+    },
 }
 
 
 def recipe_with(changes: dict[str, Any] | None) -> dict[str, Any]:
-    """The recipe with ``changes`` (one level deep for ``target`` and ``drafter``)."""
+    """The recipe with ``changes`` (one level deep for ``target``, ``drafter`` and ``eagle``)."""
     out = copy.deepcopy(RECIPE)
     for key, value in (changes or {}).items():
         if isinstance(value, dict):
@@ -313,14 +332,16 @@ def run_training(out_dir: str | Path, changes: dict[str, Any] | None = None,
         write_tokenizer_files(d_out, tok, cfg.get("max_position_embeddings", 8192))
     record["files"] = shipped_hashes(out)
     atomic.write_json(out / LOG, record)
-    return record
+    # the EAGLE head for the target just trained (it adds its record and hashes to the log)
+    run_eagle_training(out, changes, progress)
+    return json.loads((out / LOG).read_text())
 
 
 def shipped_hashes(root: Path) -> dict[str, dict[str, str]]:
-    """Each model of a trained pair: its files' sha256."""
-    from .models import file_hashes
+    """Each trained model in ``root`` (the target, its drafter, its EAGLE head once trained): its files' sha256."""
+    from .models import TRAINED_EAGLE, file_hashes
 
-    return {name: file_hashes(root / name) for name in (TARGET, DRAFTER)}
+    return {name: file_hashes(root / name) for name in (TARGET, DRAFTER, TRAINED_EAGLE) if (root / name).is_dir()}
 
 
 def draft_losses(target, drafter, window, unrolled: int):
@@ -360,3 +381,174 @@ def draft_losses(target, drafter, window, unrolled: int):
         agree.append((logp.argmax(-1) == want.argmax(-1)).float().mean())
         h = drafter.post_projection(last)
     return kls, agree
+
+
+def eagle_config(vocab_size: int, recipe: dict[str, Any]):
+    """The EAGLE head's configuration (transformers' LlamaConfig, as vLLM reads it): the target's width and
+    attention shape, the recipe's depth and MLP."""
+    from transformers import LlamaConfig
+
+    from .models import BOS_ID, EOS_ID, PAD_ID
+
+    t, e = recipe["target"], recipe["eagle"]
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=t["hidden_size"], intermediate_size=e["intermediate_size"],
+                      num_hidden_layers=e["num_hidden_layers"], num_attention_heads=e["num_attention_heads"],
+                      num_key_value_heads=t["num_key_value_heads"], head_dim=t["head_dim"],
+                      max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=e["rope_theta"],
+                      tie_word_embeddings=True, pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID)
+    cfg._attn_implementation = "eager"  # the additive mask of the unrolled step
+    return cfg
+
+
+def eagle_config_dict(cfg) -> dict[str, Any]:
+    """config.json of the head: vLLM's architecture name, the config's keys as transformers writes them."""
+    keys = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps",
+            "rope_parameters", "attention_bias", "mlp_bias", "tie_word_embeddings", "bos_token_id", "eos_token_id",
+            "pad_token_id")
+    d = cfg.to_dict()
+    return {"architectures": ["EagleLlamaForCausalLM"], **{k: d[k] for k in keys}, "torch_dtype": "bfloat16"}
+
+
+def eagle_head(cfg):
+    """The head's trainable part, named as vLLM loads it: ``fc``, ``layers.N`` (the first without its input norm)."""
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    head = torch.nn.Module()
+    head.fc = torch.nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
+    head.layers = torch.nn.ModuleList(LlamaDecoderLayer(cfg, layer_idx=i) for i in range(cfg.num_hidden_layers))
+    del head.layers[0].input_layernorm
+    head.layers[0].input_layernorm = torch.nn.Identity()
+    head.rope = LlamaRotaryEmbedding(cfg)
+    return head
+
+
+def eagle_state_dict(head) -> dict[str, Any]:
+    """The head's weights as vLLM's EagleLlamaForCausalLM loads them (the rotary tables are computed, not loaded)."""
+    import torch
+
+    return {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()
+            if not k.startswith("rope.")}
+
+
+def _eagle_forward(head, x, positions, mask):
+    cos_sin = head.rope(x, positions)
+    for layer in head.layers:
+        x = layer(x, attention_mask=mask, position_ids=positions, position_embeddings=cos_sin)
+    return x
+
+
+def eagle_mask(anchors: int, steps: int):
+    """Which keys each query of ``steps`` draft steps over ``anchors`` anchors may read (True: may), rows and columns
+    ordered step by step (step j's anchor p at ``(j-1)*anchors + p``): every step of anchor p reads step 1 at
+    anchors up to p (what vLLM's cache holds when the draft starts) and the steps of its own draft so far."""
+    import torch
+
+    step = torch.arange(steps).repeat_interleave(anchors)
+    anchor = torch.arange(anchors).repeat(steps)
+    first = (step[None, :] == 0) & (anchor[None, :] <= anchor[:, None])
+    own = (step[None, :] > 0) & (anchor[None, :] == anchor[:, None]) & (step[None, :] <= step[:, None])
+    return first | own
+
+
+def eagle_losses(target, head, window, unrolled: int):
+    """Per draft step k (1..unrolled): the KL from the target's distribution of token ``p+k+1`` to the head's at
+    anchor ``p``, and how often their top tokens agree. Step 1 at position p takes token p+1's embedding and the
+    target's hidden state at p, attending causally to step 1 at positions up to p; step k > 1 at position
+    p+k-1 takes token p+k and step k-1's output, attending to step 1 at positions up to p and to the steps of
+    its own draft (vLLM's proposer keeps step 1's keys from the prefill and adds each step's)."""
+    import torch
+    import torch.nn.functional as F
+
+    ids = window[:, :-1]
+    b, n = ids.shape
+    with torch.no_grad():
+        hidden = target.model(input_ids=ids).last_hidden_state  # the final post-norm hidden state
+        table = target.model.embed_tokens.weight  # vLLM's EAGLE embeds with the table itself (no Gemma scaling)
+        tlogits = target.lm_head(hidden)
+        cap = target.config.final_logit_softcapping
+        if cap:
+            tlogits = torch.tanh(tlogits / cap) * cap
+        tprobs = F.log_softmax(tlogits.float(), dim=-1)
+        emb = F.embedding(ids, table)
+    a = n - unrolled  # anchors: p = 0..a-1
+    pos1 = torch.arange(a).unsqueeze(0).expand(b, -1)
+    inputs, positions = [head.fc(torch.cat([emb[:, 1:1 + a], hidden[:, :a]], dim=-1))], [pos1]
+    kls, agree = [], []
+    h = None
+    for k in range(1, unrolled + 1):
+        if k > 1:  # the next step: token p+k, the previous step's output
+            inputs.append(head.fc(torch.cat([emb[:, k:k + a], h], dim=-1)))
+            positions.append(pos1 + k - 1)
+        x, pos = torch.cat(inputs, dim=1), torch.cat(positions, dim=1)
+        mask = torch.where(eagle_mask(a, k), 0.0, float("-inf"))[None, None]
+        out = _eagle_forward(head, x, pos, mask)[:, (k - 1) * a:k * a]
+        logp = F.log_softmax((out @ table.T).float(), dim=-1)
+        want = tprobs[:, k:k + a]  # the target's distribution of token p+k+1
+        kls.append(F.kl_div(logp, want, log_target=True, reduction="batchmean") / a)
+        agree.append((logp.argmax(-1) == want.argmax(-1)).float().mean())
+        h = out
+    return kls, agree
+
+
+def run_eagle_training(root: str | Path = SHIPPED, changes: dict[str, Any] | None = None,
+                       progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train the EAGLE head for the trained target in ``root`` (frozen, as shipped) on the recipe's corpus with the
+    target's own tokenizer; write ``root/<EAGLE>`` and its record into ``root/training.json`` (``eagle``, and the
+    head's file hashes beside the pair's). Returns the head's record."""
+    import torch
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer
+    from transformers import Gemma4ForCausalLM
+
+    from .models import TRAINED_EAGLE, file_hashes
+
+    recipe = recipe_with(changes)
+    root = Path(root)
+    t0 = time.monotonic()
+    torch.manual_seed(recipe["seed"])
+    target = Gemma4ForCausalLM.from_pretrained(root / TARGET, dtype=torch.float32).eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    tok = Tokenizer.from_file(str(root / TARGET / "tokenizer.json"))
+    train_docs, held_docs, source = corpus_documents(recipe)
+    train, held = token_stream(tok, train_docs), token_stream(tok, held_docs)
+    evals = _eval_windows(held, recipe["seq_len"])
+    cfg = eagle_config(tok.get_vocab_size(), recipe)
+    head = eagle_head(cfg)
+    unrolled = recipe["eagle"]["unrolled_steps"]
+    record: dict[str, Any] = {"recipe": recipe["eagle"], "corpus_sha256": source["sha256"],
+                              "parameters": sum(v.numel() for v in eagle_state_dict(head).values()), "log": []}
+
+    def log(entry: dict) -> None:
+        entry = {"t_s": round(time.monotonic() - t0, 1), **entry}
+        record["log"].append(entry)
+        progress(json.dumps(entry))
+
+    def evaluate() -> dict[str, Any]:
+        with torch.no_grad():
+            kl, agree = eagle_losses(target, head, evals, unrolled)
+        return {"eval_kl": [round(float(x), 4) for x in kl],
+                "eval_top1_agreement": [round(float(x), 4) for x in agree]}
+
+    def loss(window):
+        kl, _ = eagle_losses(target, head, window, unrolled)
+        return sum(kl) / len(kl)
+
+    batches = _batches(train, recipe["seq_len"], recipe["batch"], torch.Generator().manual_seed(recipe["seed"]))
+    _fit("eagle", head, recipe["eagle"], batches, loss, evaluate, "train_kl", log)
+    record["eval"] = {k: record["log"][-1][k] for k in ("eval_kl", "eval_top1_agreement")}
+    record["seconds"] = round(time.monotonic() - t0, 1)
+    out = root / TRAINED_EAGLE
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(eagle_state_dict(head), str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = eagle_config_dict(cfg)
+    atomic.write_json(out / "config.json", config)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):  # the target's, as they are
+        atomic.write_bytes(out / name, (root / TARGET / name).read_bytes())
+    full = json.loads((root / LOG).read_text())
+    full["eagle"] = record
+    full["files"][TRAINED_EAGLE] = file_hashes(out)
+    atomic.write_json(root / LOG, full)
+    return record
