@@ -1,9 +1,9 @@
 """End to end on the real vLLM for the CPU: the default experiment and the server lifecycle.
 
 These tests start real servers (about a minute each on 2 cores); they share
-one run of ``tiny-cpu-full`` (the default in full: ngram speculation and an EAGLE head as third and fourth
-configs, every decode cell on the MTP config; ``make run``'s ``tiny-cpu`` is its cut) and use a one-server experiment for the
-failure and interrupt cases.
+one run of ``tiny-cpu-full`` (the default in full: ngram speculation and an EAGLE head as third and
+fourth configs, every decode cell on the MTP config; ``make run``'s ``tiny-cpu`` is its cut) and use a
+one-server experiment for the failure and interrupt cases.
 """
 
 from __future__ import annotations

@@ -37,7 +37,18 @@ ENGINE_CORE_LOG = """(EngineCore pid=4618) ERROR 12-03 15:30:12 [core.py:1330] E
 """
 
 
+# vLLM for the CPU 0.32.0, max-model-len above the model's own: pydantic says what on the next line
+PYDANTIC_LOG = ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+                "  Value error, User-specified max_model_len (100000) is greater than the derived max_model_len "
+                "(max_position_embeddings=8192.0 or model_max_length=None in model's config.json). "
+                "[type=value_error, input_value=ArgsKwargs((), {}), input_type=ArgsKwargs]\n"
+                "    For further information visit https://errors.pydantic.dev/2.14/v/value_error\n")
+
+
 @pytest.mark.parametrize("log, said", [
+    (PYDANTIC_LOG, "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig: User-specified "
+                   "max_model_len (100000) is greater than the derived max_model_len (max_position_embeddings=8192.0 "
+                   "or model_max_length=None in model's config.json)."),
     (ARGPARSE_LOG, "api_server.py: error: unrecognized arguments: --bogus-flag"),
     (EXCEPTION_LOG, "ValueError: max_model_len 99999 is larger than the model's 2048"),
     (ENGINE_CORE_LOG, "AttributeError: module 'cutlass.cute.core' has no attribute 'ThrMma' "
@@ -113,8 +124,9 @@ def test_a_missing_api_key_is_generated_for_the_run_and_not_shown(monkeypatch):
     assert preflight.api_keys(exp) == []  # set now: kept as it is
 
 
-@pytest.mark.engine
-def test_an_unknown_vllm_flag_fails_once_per_config_with_vllms_words(tmp_path):
+def test_an_unknown_vllm_flag_is_refused_before_any_job_with_vllms_words(tmp_path):
+    """The run's first step checks every server config with the vLLM that serves it: nothing runs, and the message
+    names the file, the config, the key and vLLM's own words, without a traceback of ours."""
     exp_dir = one_server_experiment(tmp_path, "bogus", {
         "decode": {"contexts": [128], "concurrency": [1, 2], "duration_s": 2, "max_tokens": 16}})
     path = exp_dir / "bogus.yaml"
@@ -124,19 +136,42 @@ def test_an_unknown_vllm_flag_fails_once_per_config_with_vllms_words(tmp_path):
     proc = run_snakemake(tmp_path, experiment="bogus", experiments_dir=exp_dir, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
+    assert "before any job" in out and "bogus.yaml: server config 'base', key 'args.bogus-flag'" in out
+    assert "unrecognized arguments: --bogus-flag" in out
+    assert not (tmp_path / "results").exists()  # no pin, no model, no server
+    assert "src/speedmatrix/" not in out  # no traceback through our code
+
+
+@pytest.mark.engine
+def test_a_server_that_fails_to_start_fails_once_per_config_with_vllms_words(tmp_path):
+    """What only a start finds: max-model-len above the model's own limit, where the model is not yet at hand when
+    the run checks it (a first run: the model job makes it). The server fails once; both cells fail on that cause
+    with vLLM's words, the rest is counted as not run."""
+    exp_dir = one_server_experiment(tmp_path, "toolong", {
+        "decode": {"contexts": [128], "concurrency": [1, 2], "duration_s": 2, "max_tokens": 16}})
+    path = exp_dir / "toolong.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["server"]["args"]["max-model-len"] = 100000
+    path.write_text(yaml.safe_dump(data))
+    proc = run_snakemake(tmp_path, experiment="toolong", experiments_dir=exp_dir, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
     assert wait_no_vllm(30) == []
-    s = json.loads(Path(tmp_path / "results/bogus/run-summary.json").read_text())
+    s = json.loads(Path(tmp_path / "results/toolong/run-summary.json").read_text())
     # every job of the run is counted: done before the server (pin, two models, models.lock, datasets.lock, the
     # launch spec), the two cells failed on the one cause, their loop verdicts, the aggregation and the report not run
     assert (s["jobs"], s["done"], s["failed"], s["not_run"]) == (12, 6, 2, 4) and len(s["causes"]) == 1
     assert sorted(s["not_run_jobs"])[:2] == ["aggregate", "loops base/decode-ctx128-c1"]
     assert "server base failed to start" in s["causes"][0]["cause"]
-    assert "unrecognized arguments: --bogus-flag" in s["causes"][0]["cause"]
+    assert "User-specified max_model_len (100000) is greater" in s["causes"][0]["cause"]
     # vLLM's words reach the user without a Python traceback of ours
-    assert "unrecognized arguments: --bogus-flag" in out
+    assert "User-specified max_model_len (100000)" in out
     assert "src/speedmatrix/" not in out  # no traceback through our code
-    logs = list((tmp_path / "results/bogus/logs/cells/base").glob("*.log"))
+    logs = list((tmp_path / "results/toolong/logs/cells/base").glob("*.log"))
     assert len(logs) == 2 and all("Traceback" not in p.read_text() for p in logs)
+    # a second check, now that the model is at hand, refuses it before any job
+    again = run_snakemake(tmp_path, experiment="toolong", experiments_dir=exp_dir, timeout=600)
+    assert again.returncode != 0 and "above the model's own limit 8,192" in again.stdout + again.stderr
 
 
 def test_a_model_missing_offline_fails_in_the_summary_with_one_error_line(tmp_path):

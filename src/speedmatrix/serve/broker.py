@@ -76,6 +76,11 @@ def complaint(path: Path) -> str:
         cause = next((c for c in said[1:] if "root cause above" not in c), None)
         if cause:
             return f"{cause} ({said[0].split('. ')[0]})"
+    if "validation error" in said[0]:  # pydantic says what was wrong on the next line: "Value error, ... [type=..."
+        at = max(i for i, ln in enumerate(lines) if said[0] in ln)
+        if at + 1 < len(lines):
+            detail = lines[at + 1].removeprefix("Value error, ").split(" [type=")[0]
+            return f"{said[0]}: {detail}"
     return said[0]
 
 
