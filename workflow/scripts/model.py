@@ -13,7 +13,7 @@ with logs.to_file(snakemake.log[0]):
         print(f"{spec['repo']} at {spec['revision']} -> commit {manifest['revision']} in {manifest['local_dir']} "
               f"({len(manifest['files'])} files)")
     elif manifest["source"] == "trained":
-        print(f"trained {spec['trained']} (eval loss {manifest['training']['target_eval_loss']}) in {out_dir}: "
+        print(f"trained {spec['trained']} ({manifest['kind']}; its training: training.json) in {out_dir}: "
               f"{sorted(manifest['files'])}")
     else:
         print(f"synthesized {spec['synthesize']} in {out_dir}: {sorted(manifest['files'])}")
