@@ -116,9 +116,10 @@ def test_a_cell_whose_setting_is_lossy_gets_the_status_lossy_and_the_columns():
 
 
 def test_the_default_checks_each_speculative_config_against_its_twin_measured_last():
-    exp = experiment.load("tiny-cpu-full")  # the default in full: two speculative configs, one twin
-    assert exp.lossless_checks() == {"mtp2": "base", "ngram2": "base"}
-    assert exp.server_order() == ["mtp2", "ngram2", "base"]
+    exp = experiment.load("tiny-cpu-full")  # the default in full: three speculative configs, one twin
+    assert exp.lossless_checks() == {"mtp2": "base", "ngram2": "base", "eagle2": "base"}
+    assert exp.server_order() == ["mtp2", "ngram2", "eagle2", "base"]
     settings = exp.sampling_settings("mtp2")
     assert lossless.setting_key(SAMPLED) in settings and lossless.setting_key(GREEDY_FP) in settings
     assert all(lossless.is_greedy(lossless.sampling_of(k)) for k in exp.sampling_settings("ngram2"))
+    assert all(lossless.is_greedy(lossless.sampling_of(k)) for k in exp.sampling_settings("eagle2"))
