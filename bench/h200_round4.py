@@ -152,7 +152,7 @@ def slim(run: Path) -> None:
 
 
 def rederive(run: Path, experiment: str, dest: Path) -> None:
-    """A run cut short (the machine taken back mid-run) has its finished cells but no matrix: `speedmatrix
+    """A run cut short (its workflow stopped mid-run) has its finished cells but no matrix: `speedmatrix
     rederive` makes the matrix, the requests, the decisions and the report of those cells (it says which ran)."""
     subprocess.run([str(BIN / "speedmatrix"), "rederive", str(run), "--experiment", experiment, "--out", str(dest),
                     "--captions", str(REPO / "docs" / "captions")], check=True, stdout=subprocess.DEVNULL)

@@ -33,13 +33,12 @@ docs/gpu.md, "A GPU host with no package index". Below, R is bench/machines/offl
 
 The workflow runs detached (its own session) so that it outlives one remote
 command (10 minutes at most); the host stays up while commands follow each
-other within its 30 s idle window. The server stops when the workflow ends.
+other within its timeout between commands. The server stops when the workflow ends.
 
 Send the first remote command alone and the rest only once a host has answered it: a command sent while no host
 was up still counts against how long the run has on the host (a batch of part uploads sent then once cost nearly
 half of it). Once it has answered, send every remaining part's command and the start in one batch: a pause
-longer than the idle window between two commands ends the host, and the parts already sent go with it (all 40
-parts were lost that way once, with only the start left to send).
+longer than the host's timeout between two commands ends the host, and the parts already sent go with it.
 
 Copy what a remote command returns out of the folder its files come back to at once: a later
 command's files can take the same folder (a results tarball was lost that way).
@@ -125,7 +124,8 @@ def plan(ns: argparse.Namespace) -> int:
     print("# one remote command a part (carry the part, copy it out), back to back; the last starts the run.")
     print("# Send the first command alone and the rest only once a host has answered it: a command sent while")
     print("# no host is up still counts against how long the run has on the host. Then send all the rest, the")
-    print("# start included, in one batch: a pause longer than the host's idle window loses the parts sent.")
+    print("# start included, in one batch: a pause longer than the host's timeout between commands loses the")
+    print("# parts sent.")
     for name in parts:
         print(json.dumps({"carry": [f".gk/{name}"], "command": f"cp .gk/{name} /tmp/kit.{name}"}))
     print(json.dumps({"command": f"python3 {SELF} start {ns.experiment} && "
@@ -284,7 +284,7 @@ def results_dir(ns: argparse.Namespace) -> str:
 
 def wait(ns: argparse.Namespace) -> int:
     """There: wait up to --max-s for the run to end, then pack the results folder as it is into $OUT, finished or
-    not: every call brings back what has finished so far, so a host taken back between calls loses only the
+    not: every call brings back what has finished so far, so a host that ends between calls loses only the
     experiment it was measuring (twice a host went while `wait` said "still running" and had packed nothing)."""
     deadline = time.monotonic() + ns.max_s
     rc_file = Path(f"{WORK}/rc{ns.tag}")
