@@ -124,15 +124,21 @@ def test_a_missing_api_key_is_generated_for_the_run_and_not_shown(monkeypatch):
     assert preflight.api_keys(exp) == []  # set now: kept as it is
 
 
+def two_cell_experiment_with(tmp_path, name: str, flag: str, value) -> Path:
+    """One server config with two decode cells and one vLLM flag set: the experiments dir."""
+    exp_dir = one_server_experiment(tmp_path, name, {
+        "decode": {"contexts": [128], "concurrency": [1, 2], "duration_s": 2, "max_tokens": 16}})
+    path = exp_dir / f"{name}.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["server"]["args"][flag] = value
+    path.write_text(yaml.safe_dump(data))
+    return exp_dir
+
+
 def test_an_unknown_vllm_flag_is_refused_before_any_job_with_vllms_words(tmp_path):
     """The run's first step checks every server config with the vLLM that serves it: nothing runs, and the message
     names the file, the config, the key and vLLM's own words, without a traceback of ours."""
-    exp_dir = one_server_experiment(tmp_path, "bogus", {
-        "decode": {"contexts": [128], "concurrency": [1, 2], "duration_s": 2, "max_tokens": 16}})
-    path = exp_dir / "bogus.yaml"
-    data = yaml.safe_load(path.read_text())
-    data["server"]["args"]["bogus-flag"] = 1
-    path.write_text(yaml.safe_dump(data))
+    exp_dir = two_cell_experiment_with(tmp_path, "bogus", "bogus-flag", 1)
     proc = run_snakemake(tmp_path, experiment="bogus", experiments_dir=exp_dir, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
@@ -147,12 +153,7 @@ def test_a_server_that_fails_to_start_fails_once_per_config_with_vllms_words(tmp
     """What only a start finds: max-model-len above the model's own limit, where the model is not yet at hand when
     the run checks it (a first run: the model job makes it). The server fails once; both cells fail on that cause
     with vLLM's words, the rest is counted as not run."""
-    exp_dir = one_server_experiment(tmp_path, "toolong", {
-        "decode": {"contexts": [128], "concurrency": [1, 2], "duration_s": 2, "max_tokens": 16}})
-    path = exp_dir / "toolong.yaml"
-    data = yaml.safe_load(path.read_text())
-    data["server"]["args"]["max-model-len"] = 100000
-    path.write_text(yaml.safe_dump(data))
+    exp_dir = two_cell_experiment_with(tmp_path, "toolong", "max-model-len", 100000)
     proc = run_snakemake(tmp_path, experiment="toolong", experiments_dir=exp_dir, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0

@@ -31,6 +31,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..core import atomic
 from ..core.errors import EngineCheckError
 from ..plan.experiment import Experiment, ServerConfig
 from ..serve import engineprobe, runtimes
@@ -83,7 +84,7 @@ def _python_beside(argv0: str) -> Path | None:
     if not exe.is_absolute() and "/" not in argv0:
         found = shutil.which(argv0)
         exe = Path(found) if found else exe
-    python = exe if exe.name.startswith("python") else exe.parent / "python"
+    python = runtimes.command_python(exe)
     return python if python.is_file() else None
 
 
@@ -179,13 +180,9 @@ def ask(tgt: Target, requests: dict[str, dict[str, Any]], cache: Path) -> tuple[
     if "error" in got:
         raise EngineCheckError(f"{tgt.where}: {got['error']}")
     runtime = {k: v for k, v in got.items() if k != "servers"}
-    cache.mkdir(parents=True, exist_ok=True)
     for sid, ans in got["servers"].items():
-        record = {"runtime": runtime, "server": ans}
-        answers[sid] = record
-        tmp = cache / f".{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(record))
-        tmp.replace(cache / f"{_key(tgt.pin, missing[sid])}.json")
+        answers[sid] = {"runtime": runtime, "server": ans}
+        atomic.write_json(cache / f"{_key(tgt.pin, missing[sid])}.json", answers[sid])
     return {"servers": {sid: a["server"] for sid, a in answers.items()}, **runtime}, False
 
 

@@ -80,9 +80,7 @@ def pin(exp: Experiment) -> dict[str, Any]:
         return out
     if rt.get("command"):
         exe = Path(rt["command"][0]).expanduser()
-        # a Python environment's executable (its python, or a script such as vllm beside it): that environment's
-        # vLLM, torch and package set, as for the workflow's own
-        python = exe if exe.name.startswith("python") else exe.parent / "python"
+        python = command_python(exe)
         env = environment_packages(python) if python.is_file() else None
         if env and env.get("vllm_version"):
             return {**base, "command": rt["command"], **env,
@@ -101,6 +99,12 @@ def pin(exp: Experiment) -> dict[str, Any]:
     # runtime_ref: the one string that names the runtime in every result row
     return {**base, **local, "runtime_ref": f"{kind}:{local['vllm_distribution']}=={local['vllm_version']}"
                                            f"+torch=={local['torch_version']}"}
+
+
+def command_python(exe: Path) -> Path:
+    """The Python of a local runtime's command: a Python environment's executable is its python, or a script such
+    as vllm beside it; that environment's vLLM, torch and package set are the runtime's."""
+    return exe if exe.name.startswith("python") else exe.parent / "python"
 
 
 def python_packages() -> dict[str, Any]:
