@@ -5,14 +5,15 @@ one H200 run returned and write the summary every figure of its README comes fro
     .venv/bin/python bench/h200_round4.py file TARBALL  # the runs in docs/results/h200-round4/, verdicts, summary.md
     .venv/bin/python bench/h200_round4.py summary        # summary.md again from what the folder holds
 
-Each run (bench/machines/offline_gpu_run.py `start` with some of the experiments below, one after another in one
-results folder and store) is filed from the tarball it returned: h200-round4-releases (vLLM 0.25.1; run again on a
+Each run (the workflow, `snakemake --profile profiles/default --config experiment=EXPERIMENT results_dir=DIR`, with
+some of the experiments below one after another in one results folder and store) is filed from the tarball of
+its results folder: h200-round4-releases (vLLM 0.25.1; run again on a
 later host, `--as h200-round4-releases=vllm-0.25.1-again`), h200-round4-releases-vllm-0.26.0,
 h200-round4-releases-ngram (0.25.1 with the ngram config beside MTP), h200-round4-client-at-gpu-rates and its
 -rest. Here:
 
 - each run's folder is filed under docs/results/h200-round4/<name>/ (matrix, decisions, requests, report, cells,
-  loop verdicts, server start-ups, locks) by offline_gpu_run's `collect`;
+  loop verdicts, server start-ups, locks: ``keep``);
 - ``history.sqlite``: the results store; each filed run is added to it (as `speedmatrix history --add` adds)
   beside the runs filed before, from the same host or an earlier one (a run it has already adds nothing);
   ``runs.json``: which store run each folder is;
@@ -45,7 +46,9 @@ from speedmatrix.measure import arrivals, telemetry  # noqa: E402
 from speedmatrix.serve.broker import complaint  # noqa: E402
 
 DEST = REPO / "docs" / "results" / "h200-round4"
-RUNNER = REPO / "bench" / "machines" / "offline_gpu_run.py"
+# what a filed run keeps of its folder beside its cells, loop verdicts and server start-ups
+KEEP = ("matrix.parquet", "decisions.parquet", "requests.parquet", "report.md", "report.html", "runtime.lock.json",
+        "models.lock", "run-summary.json")
 BIN = REPO / ".venv" / "bin"
 RELEASES = "h200-round4-releases"
 # the tarball's folders -> where they are filed (the first run of a rerun experiment is kept as NAME@1)
@@ -82,6 +85,25 @@ VERDICTS = (("regress-releases", "vllm-0.25.1", "vllm-0.26.0"),
             ("regress-releases-h100", "vllm-0.25.1-h100", "ngram-vllm-0.26.0-h100"))
 
 
+
+def keep(tarball: Path, folder: str, dest: Path) -> None:
+    """File what a reader needs of one run's folder in the tarball: its tables, report and locks, every cell and
+    loop verdict, each server's start-up, and the log of a server that failed to start (its traceback)."""
+    with tarfile.open(tarball) as tar:
+        names = set(tar.getnames())
+        for m in tar.getmembers():
+            top, _, rel = m.name.partition("/")
+            if top != folder or not m.isfile():
+                continue
+            if (rel in KEEP or (rel.startswith("charts/") and rel.endswith(".png")) or rel.startswith("reference/")
+                    or rel.endswith(("startup.json", "launch.json", "p2p.json", "startup-error.json"))
+                    or (rel.startswith(("cells/", "loops/")) and rel.endswith(".json"))
+                    or (rel.startswith("servers/") and rel.endswith("/server.log")
+                        and f"{top}/{rel[:-len('server.log')]}startup-error.json" in names)):
+                target = dest / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(tar.extractfile(m).read())
+
 def folders(tar: tarfile.TarFile) -> list[str]:
     return sorted({m.name.split("/", 1)[0] for m in tar.getmembers() if "/" in m.name})
 
@@ -115,8 +137,7 @@ def file_runs(tarball: Path, given: dict[str, str]) -> dict[str, str]:
         if folder not in names:
             continue
         experiment = folder.split("@")[0]
-        subprocess.run([sys.executable, str(RUNNER), "collect", str(tarball), experiment, "--folder", folder,
-                        "--dest", str(DEST / names[folder])], check=True, stdout=subprocess.DEVNULL)
+        keep(tarball, folder, DEST / names[folder])
         with tempfile.TemporaryDirectory() as tmp, tarfile.open(tarball) as tar:
             tar.extractall(tmp, members=[m for m in tar.getmembers() if m.name.split("/", 1)[0] == folder],
                            filter="data")
@@ -207,7 +228,7 @@ def _startups(name: str) -> pd.DataFrame:
         d = json.loads(f.read_text())
         rows.append({"run": name, "server": f.parent.name, "vLLM": d.get("vllm_version"),
                      "started": d.get("started_at"), "start s": d.get("startup_seconds"),
-                     "idle power W": d.get("gpu_idle_power_w"), "idle window s": d.get("gpu_idle_window_s"),
+                     "idle power W": d.get("gpu_idle_power_w"), "idle power window s": d.get("gpu_idle_window_s"),
                      "settled": d.get("gpu_idle_settled", "not checked"),
                      "host probe ms": d.get("host_probe_ms")})
     return pd.DataFrame(rows)

@@ -274,3 +274,25 @@ def test_the_conda_environment_takes_its_pins_from_the_lock():
     assert "-c ../requirements.lock" in pip and "-e ..[cpu]" in pip
     assert not [line for line in pip if "==" in line], pip
     assert (REPO / "envs" / "../requirements.lock").exists()
+
+
+def test_every_bench_script_is_in_bench_readme():
+    listed = (REPO / "bench" / "README.md").read_text()
+    missing = [p.name for p in sorted((REPO / "bench").glob("*.py")) if f"`{p.name}`" not in listed]
+    assert not missing, f"bench/README.md does not say what these measure: {missing}"
+
+
+def test_every_command_is_in_the_user_docs_with_its_help():
+    """docs/running.md's command table is the parser's own list: a new subcommand is a new row, its words the
+    parser's help."""
+    import argparse
+
+    from speedmatrix import cli
+
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    rows = dict(re.findall(r"^\| `speedmatrix ([\w-]+)` \| (.*) \|$", (REPO / "docs" / "running.md").read_text(), re.M))
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    differ = set(rows) ^ set(sub.choices)
+    assert not differ, f"docs/running.md's command table against the parser: {differ}"
+    wrong = {name: (rows[name], helps[name]) for name in rows if rows[name] != helps[name]}
+    assert not wrong, f"docs/running.md's rows differ from the parser's help: {wrong}"

@@ -65,7 +65,7 @@ def test_another_release_carries_its_own_pins_where_the_host_has_another_version
 
     monkeypatch.setattr(bundle, "_pip", record)
     env = REPO / "envs/versions/vllm-cuda-0.26.0.lock"
-    host = bundle.host_has(REPO / "bench/machines/h200-host-packages.txt")
+    host = bundle.host_has(REPO / "tests/data/gpu-host/h200-pip-freeze.txt")
     manifest = bundle.build("cuda", tmp_path / "b", envs=(env,), host=host, log=lambda m: None)
     main, other = asked[".download-constraints.txt"], asked[".download-vllm-cuda-0.26.0.txt"]
     assert "protobuf" in manifest["left_out"] and not any(r.startswith("protobuf==") for r in main)

@@ -37,7 +37,7 @@ def test_one_gpu_or_cpu_is_not_applicable():
 
 
 def test_recorded_h200x2_log():
-    """Recorded by the p2p_check rule on the lent nvidia-h200-x2 (two H200s, NV18), 2026-11-29."""
+    """Recorded by the p2p_check rule on a host with two H200s (NV18), 2026-11-29."""
     nccl = p2p.parse_nccl_log((LOGS / "h200x2-recorded.log").read_text())
     assert nccl["nccl_version"] == "2.28.9+cuda13.0"
     assert nccl["is_all_direct_p2p"] is True and nccl["is_all_cuda_p2p"] is True

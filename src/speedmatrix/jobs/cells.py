@@ -352,7 +352,7 @@ async def measure(cell: Cell, inp: MeasureInput) -> tuple[dict[str, Any], list[c
     opts = request_options(cell, settings, inp.loops, inp.eos_text)
     busy_wait_s = float(settings.busy_wait_s)
     nonce = secrets.token_hex(4)
-    # this session stays open through the measurement: it builds text prompts a decode cell needs late
+    # this HTTP session stays open through the measurement: it builds text prompts a decode cell needs late
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60),
                                      connector=aiohttp.TCPConnector(keepalive_timeout=SESSION_KEEPALIVE_S)) as session:
         before_raw = await scrape(session, url)

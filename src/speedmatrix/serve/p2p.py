@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-# NVLink multicast stays off (the lent machines' rule; it can take a shared host's GPUs down)
+# NVLink multicast stays off: on a host whose GPUs others share, a multicast fault can take every GPU down
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 P2P_TYPE_RE = re.compile(r"isAllDirectP2p (\d+)(?: directMode (\d+))? isAllCudaP2p (\d+)")
 CHANNEL_RE = re.compile(r"Channel (\d+)(?:/\d+)? : (\d+)\[[^\]]*\] -> (\d+)\[[^\]]*\]"

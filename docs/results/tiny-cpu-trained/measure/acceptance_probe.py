@@ -16,7 +16,7 @@ def counters():
     def g(n):
         return sum(float(m.group(1)) for m in re.finditer(rf"^{n}\{{[^}}]*\}} ([0-9.e+]+)$", t, re.M))
     return g("vllm:spec_decode_num_accepted_tokens_total"), g("vllm:spec_decode_num_draft_tokens_total")
-prompts = [open("/work/main/src/speedmatrix/data/corpus/prose.txt").read()[i*300:i*300+400] for i in range(8)]
+prompts = [open("src/speedmatrix/data/corpus/prose.txt").read()[i*300:i*300+400] for i in range(8)]
 def one(i, body):
     r = requests.post(U + "/v1/completions", json={"model": "tiny", "prompt": prompts[i], "max_tokens": 128,
                                                     "ignore_eos": True, **body})
