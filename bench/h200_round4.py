@@ -14,8 +14,8 @@ h200-round4-releases-ngram (0.25.1 with the ngram config beside MTP), h200-round
 
 - each run's folder is filed under docs/results/h200-round4/<name>/ (matrix, decisions, requests, report, cells,
   loop verdicts, server start-ups, locks: ``keep``);
-- ``history.sqlite``: the results store; each filed run is added to it (as `speedmatrix history --add` adds)
-  beside the runs filed before, from the same host or an earlier one (a run it has already adds nothing);
+- ``history.sqlite.gz``: the results store (compressed); each filed run is added to it (as `speedmatrix history
+  --add` adds) beside the runs filed before, from the same host or an earlier one (a run it has already adds nothing);
   ``runs.json``: which store run each folder is;
 - ``regress-releases/``: `speedmatrix regress` 0.25.1 -> 0.26.0; ``regress-self/`` and ``regress-self-ngram-run/``:
   0.25.1 against itself on one host; ``regress-self-two-hosts/``: 0.25.1 on one host against 0.25.1 on another
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -158,14 +159,20 @@ def file_runs(tarball: Path, given: dict[str, str]) -> dict[str, str]:
 
 
 # what a filed run leaves out to keep the repository small (SLIMMED says so in summary.md)
-SLIMMED = ("report.html (report.md has the same tables), loops/ (each cell's loop verdict: the matrix keeps its "
-           "figures), and requests.parquet's columns text, chunk_tokens and chunk_chars (the generated text and "
-           "each streamed chunk's size)")
+SLIMMED = ("report.html (report.md has the same tables), the charts (report.md says so where they were), loops/ "
+           "(each cell's loop verdict: the matrix keeps its figures), and requests.parquet's columns text, "
+           "chunk_tokens and chunk_chars (the generated text and each streamed chunk's size)")
+CHARTS_LEFT_OUT = "Left out here to keep the repository small: the tables above hold their figures."
 
 
 def slim(run: Path) -> None:
     (run / "report.html").unlink(missing_ok=True)
     shutil.rmtree(run / "loops", ignore_errors=True)
+    shutil.rmtree(run / "charts", ignore_errors=True)
+    report = run / "report.md"
+    if report.exists():
+        text = re.sub(r"(?m)^!\[[^\]]*\]\(charts/[\w-]+\.png\)\n\n?", "", report.read_text())
+        report.write_text(text.replace("## Charts\n\n", f"## Charts\n\n{CHARTS_LEFT_OUT}\n\n", 1))
     requests = run / "requests.parquet"
     if requests.exists():
         r = pd.read_parquet(requests)
@@ -401,12 +408,16 @@ def main() -> int:
     ns = ap.parse_args()
     globals()["DEST"] = ns.dest.resolve()
     if ns.cmd == "file":
+        packed = DEST / "history.sqlite.gz"  # the store is kept compressed: added to unpacked, packed again
+        if packed.exists():
+            subprocess.run(["gunzip", "-f", str(packed)], check=True)
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp) / ns.tarball.name
             shutil.copyfile(ns.tarball, local)
             print(json.dumps(file_runs(local, dict(ns.given))))
         ids = run_ids()
         print(json.dumps({"runs": ids, "regress_exit": verdicts(ids)}))
+        subprocess.run(["gzip", "-9", "-n", "-f", str(DEST / "history.sqlite")], check=True)
     print(f"wrote {summary()}")
     return 0
 

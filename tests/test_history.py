@@ -1,6 +1,7 @@
 """The results store and the regression verdict, on a recorded run (docs/results/h200-tiny-trained-spec: CUDA vLLM
 0.25.1 on an H200, every cell's JSON and requests kept): no engine runs here."""
 
+import gzip
 import json
 import shutil
 import sqlite3
@@ -70,6 +71,15 @@ def test_a_run_is_stored_once_with_its_manifest_and_any_sqlite_client_reads_it(r
     assert store.resolve(db, first[:6]) == first and store.resolve(db, str(slow)) == second
     with pytest.raises(StoreError, match="speedmatrix history"):
         store.resolve(db, "ffffff")
+    # an archived store kept compressed reads the same, and refuses to be added to
+    packed = tmp_path / "archived" / "history.sqlite.gz"
+    packed.parent.mkdir()
+    with db.open("rb") as src, gzip.open(packed, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    assert store.runs(packed).equals(runs) and store.resolve(packed, first[:6]) == first
+    with pytest.raises(StoreError, match="read-only; `gunzip -k"):
+        store.add(base, packed)
+    assert list(packed.parent.iterdir()) == [packed]
 
 
 def test_a_failed_run_is_stored_as_failed(recorded, tmp_path):

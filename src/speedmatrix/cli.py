@@ -478,7 +478,8 @@ def _add_history(sub) -> None:
         "options: the stored runs, oldest first. --cell SERVER/CELL: that cell's figures in every stored run. "
         "--add RESULTS: add a results folder by hand (one copied from another machine); adding a run twice adds "
         "nothing.")
-    hi.add_argument("--store", type=Path, default=default_store, help=f"the store (default: {default_store})")
+    hi.add_argument("--store", type=Path, default=default_store,
+                    help=f"the store (default: {default_store}; a .sqlite.gz is read as it is)")
     hi.add_argument("--experiment", help="only this experiment's runs")
     hi.add_argument("--cell", metavar="SERVER/CELL", help="one cell across runs, e.g. base/decode-ctx128-c1")
     hi.add_argument("--add", nargs="+", metavar="RESULTS", help="add these results folders to the store")
@@ -492,7 +493,7 @@ def _add_history(sub) -> None:
     rg.add_argument("base", metavar="BASE", help="a results folder (results/<experiment>) or a stored run's id")
     rg.add_argument("new", metavar="NEW", help="the same, for the run judged against BASE")
     rg.add_argument("--store", type=Path, default=default_store, help=f"where run ids are looked up (default: "
-                    f"{default_store})")
+                    f"{default_store}; a .sqlite.gz is read as it is)")
     rg.add_argument("--min-effect", type=float, metavar="PCT",
                     help="the smallest change in percent that counts (default: from each cell's own noise)")
     rg.add_argument("--noise-multiple", type=float, default=2.0,

@@ -14,11 +14,14 @@ each request's timing, for the regression verdict. Any SQLite client opens it (`
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import re
+import shutil
 import sqlite3
 import statistics
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -229,10 +232,24 @@ def _requests_of(run: Path) -> pd.DataFrame:
 
 @contextmanager
 def connect(store: str | Path, create: bool = False) -> Iterator[sqlite3.Connection]:
+    """A connection to the store, committed when the block ends. A store kept compressed (``history.sqlite.gz``,
+    as an archived record keeps it) is read from a decompressed copy that is deleted afterwards: nothing is added
+    to it."""
     store = Path(store)
     if not create and not store.exists():
         raise StoreError(f"{store}: no results store here yet (a finished run adds itself: `make run`; or "
                          "`speedmatrix history add results/<experiment>`)")
+    if store.suffix == ".gz":
+        if create:
+            raise StoreError(f"{store}: a compressed store is read-only; `gunzip -k {store}` and add to the "
+                             f"{store.with_suffix('')} it gives")
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = Path(tmp) / store.stem
+            with gzip.open(store) as src, copy.open("wb") as dst:
+                shutil.copyfileobj(src, dst)
+            with connect(copy) as con:
+                yield con
+        return
     store.parent.mkdir(parents=True, exist_ok=True)
     con = sqlite3.connect(store, timeout=60)
     try:
