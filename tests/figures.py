@@ -44,6 +44,9 @@ READABLE = (
     ".log.gz",
     ".lock",
     ".prom",
+    ".py",  # a setting's value where it is defined (`clientcheck.py`'s TICK_S)
+    ".smk",
+    ".toml",
 )
 SCALES = (1.0, 100.0, 0.01, 1000.0, 0.001)  # same unit, fraction <-> percent, s <-> ms
 
@@ -257,8 +260,25 @@ def values_of(path: Path) -> Values:
     return values
 
 
+def _module_file(cite: str) -> list[Path]:
+    """The source file a Python name cites: `speedmatrix.measure.clientcheck`, `speedmatrix.measure.loops.detect`,
+    `clientcheck.TICK_S`, `stats.nearest_rank` (a module of the package named by its last dotted part)."""
+    if not re.fullmatch(r"[A-Za-z_]\w*(?:\.\w+)+", cite):
+        return []
+    parts = cite.split(".")
+    src = REPO / "src"
+    if parts[0] == "speedmatrix":
+        for i in range(len(parts), 1, -1):
+            for p in (src.joinpath(*parts[:i]).with_suffix(".py"), src.joinpath(*parts[:i], "__init__.py")):
+                if p.is_file():
+                    return [p]
+        return []
+    found = sorted((src / "speedmatrix").rglob(f"{parts[0]}.py"))
+    return found if len(found) == 1 else []
+
+
 def resolve(cite: str, doc: Path) -> list[Path]:
-    """The readable tracked files a citation names (a path, a glob, `cells/<config>/*.json`)."""
+    """The readable tracked files a citation names (a path, a glob, `cells/<config>/*.json`, a module)."""
     cite = cite.strip().split("#", 1)[0].split("?", 1)[0]
     cite = re.sub(r"<[^>]+>", "*", cite)
     if not cite or " " in cite or cite.startswith(("http:", "https:", "/", "~")):  # not a file of the repository
@@ -275,6 +295,8 @@ def resolve(cite: str, doc: Path) -> list[Path]:
             found = [p] if p.is_file() else []
         if found:
             break
+    if not found and not re.search(r"\.(?:md|json|jsonl|yaml|yml|csv|txt|log|gz|parquet|lock|prom|html|png|sh)$", cite):
+        found = _module_file(cite.strip("()"))
     return [p.resolve() for p in found if p.name.endswith(READABLE)]
 
 
@@ -373,12 +395,10 @@ def blocks(doc: Path) -> list[Block]:
             continue
         if ITEM.match(line) and para:
             flush()
-        if (
-            not para
-            and line.startswith("    ")
-            and not (out and out[-1].kind == "item" and out[-1].line > section_line)
-        ):
-            continue  # an indented code block
+        if not para and line.startswith("    ") and not ITEM.match(line):
+            in_item = out and out[-1].kind == "item" and out[-1].line > section_line
+            if not in_item or line.startswith("      "):
+                continue  # an indented code block (inside a list item: four past the item's text)
         if not para:
             para_start = n
         para.append(line)
