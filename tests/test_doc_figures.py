@@ -52,7 +52,6 @@ NOT_YET_CHECKED = {
     "docs/decisions/0024-ci-under-forty-minutes.md",
     "docs/decisions/0025-one-start-for-one-launch.md",
     "docs/decisions/0026-checked-by-the-engine.md",
-    "docs/fidelity.md",
     "docs/gpu.md",
     "docs/metrics.md",
     "docs/results/ci/2026-12-05-33067e0.md",

@@ -67,6 +67,17 @@ def test_a_sampled_pair_with_the_twins_share_below_the_floor_is_lossless():
     assert not v["greedy"] and v["verdict"] == "lossless" and v["label"] == "temperature 0.7, top_p 0.95"
     assert v["tokens"] == v["twin_tokens"] == 500
     assert v["share_below_floor"] == 0.004 and v["twin_share_below_floor"] == 0.006
+    assert v["identical"] == 0 and v["identical_share"] == 0.0 and "0 of 10 seeded outputs" in v["reason"]
+
+
+def test_a_sampled_pair_says_how_many_seeded_outputs_are_the_twins_token_for_token():
+    """Where seeded speculative sampling draws what the target alone draws, every output is the twin's: the verdict
+    says so, and then the share test is not what decides."""
+    outs = [[3, 1, 4, 1, 5]] * 4 + [[9, 2, 6, 5, 3]]
+    twins = [list(o) for o in outs[:4]] + [[9, 2, 6, 5, 8]]
+    v = lossless.judge(SAMPLED, outs, twins, scores_with(5, 5, None), scores_with(5, 5, None), SETTINGS)
+    assert v["identical"] == 4 and v["identical_share"] == 0.8 and v["requests"] == 5
+    assert "4 of 5 seeded outputs token-identical to the twin's" in v["reason"]
 
 
 def test_a_sampled_pair_far_below_the_floor_is_lossy():

@@ -154,8 +154,15 @@ def judge(sampling: dict[str, Any] | None, ours: list[list[int]], twins: list[li
     if is_greedy(sampling):
         fp = float((sampling or {}).get("frequency_penalty", 0.0))
         return {**head, **greedy_verdict(ours, twins, our_scores, twin_scores, fp, float(settings["tie_logprob_gap"]))}
-    return {**head, **sampled_verdict(our_scores, twin_scores, float(settings["logprob_floor"]),
-                                      float(settings["max_excess_share"]))}
+    same = sum(a == b for a, b in zip(ours, twins))
+    out = sampled_verdict(our_scores, twin_scores, float(settings["logprob_floor"]),
+                          float(settings["max_excess_share"]))
+    # a seeded sample the same token for token as the twin's says the speculative sampler drew what the target
+    # alone draws: where every output is, the check is exact, not a share test
+    identity = {"requests": len(ours), "identical": same, "identical_share": same / len(ours) if ours else None}
+    if ours and out.get("verdict"):
+        out["reason"] += f"; {same} of {len(ours)} seeded outputs token-identical to the twin's"
+    return {**head, **identity, **out}
 
 
 def for_cell(check: dict[str, Any] | None, sampling: dict[str, Any] | None) -> dict[str, Any] | None:
