@@ -72,6 +72,8 @@ NOT_FIGURES = [
 ITEM = re.compile(r"^\s*(?:[-*+]|\d+\.)\s+")
 # units that scale a figure: (factor to the file's unit, the precision that replaces the printed one)
 UNIT_SCALE = {"min": (60.0, "minutes"), "minute": (60.0, "minutes"), "minutes": (60.0, "minutes"), "M": (1e6, -6)}
+# a size in a unit of bytes: the file may hold the bytes (at the printed precision: "1,093 MB" is 1,093 ± 0.5 MB)
+BYTES = {"KB": 1e3, "MB": 1e6, "GB": 1e9, "MiB": 2.0**20, "GiB": 2.0**30}
 TEXT_NUMBER = re.compile(r"(?<![0-9a-fA-F_.])[+\-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][+\-]?\d+)?")
 
 
@@ -84,6 +86,7 @@ class Figure:
     high_decimals: int = 0
     signed: bool = False
     interval: bool = False  # "1,655 (1,543-1,767)": a range in brackets after a figure, its interval
+    in_bytes: float | None = None  # "1,093 MB": a file may hold the megabytes or the bytes
 
 
 @dataclass
@@ -138,7 +141,8 @@ def figures_in(text: str, names: list[str]) -> list[Figure]:
             continue
         if b is None and not unit and "." not in a and a[0] not in "+-−" and _float(a) <= 16:
             continue  # a count or a setting ("16 at once", "3 repeats"): matches almost any file
-        fig = Figure(m.group(0).strip(), _float(a) * factor, _decimals(a), signed=a[0] in "+-−")
+        fig = Figure(m.group(0).strip(), _float(a) * factor, _decimals(a), signed=a[0] in "+-−",
+                     in_bytes=BYTES.get(unit))
         if precision == "minutes":
             fig.low_decimals = MINUTES  # whole minutes: half a minute either side
         elif precision is not None:  # "1.31 M tokens": millions, at their printed precision
@@ -209,9 +213,11 @@ def _walk(obj, key: str, values: Values) -> None:
         ]
         if len(own) > 1:
             values.rows.append(own)
+        values.numbers.append(float(len(obj)))  # "196 wheels": a mapping's size, keyed by name
         for k, v in obj.items():
             _walk(v, str(k), values)
     elif isinstance(obj, list):
+        values.numbers.append(float(len(obj)))  # "196 wheels": a list's length, as a table's count of rows
         for v in obj:
             _walk(v, key, values)
 
@@ -410,7 +416,12 @@ def blocks(doc: Path) -> list[Block]:
 
 
 def _found(fig: Figure, files: list[Path]) -> bool:
-    return any(any(_matches(x, fig.low, fig.low_decimals, fig.signed) for x in values_of(f).numbers) for f in files)
+    def at(value: float, decimals: int) -> bool:
+        return any(any(_matches(x, value, decimals, fig.signed) for x in values_of(f).numbers) for f in files)
+
+    if fig.in_bytes is not None and at(fig.low * fig.in_bytes, fig.low_decimals - round(math.log10(fig.in_bytes))):
+        return True
+    return at(fig.low, fig.low_decimals)
 
 
 def _range_found(fig: Figure, files: list[Path]) -> bool:
