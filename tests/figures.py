@@ -495,6 +495,7 @@ def check(doc: Path, allow: dict) -> list[str]:
     allowed = {str(e["figure"]) for e in allow.get("figures", []) if e["doc"] == rel}
     problems = []
     found_blocks = blocks(doc)
+    own_output = doc.with_suffix(".tail.txt")
     tables: dict[int, dict[int, list[Figure]]] = {}
     for t in {b.table for b in found_blocks if b.table}:
         tables[t] = table_columns([b for b in found_blocks if b.table == t], names)
@@ -505,6 +506,8 @@ def check(doc: Path, allow: dict) -> list[str]:
         if not figs:
             continue
         groups = [g for g in (resolve(c, doc) for c in block.cites) if g]
+        if own_output.is_file():  # a CI record's own output, kept beside it, backs every block of the record
+            groups.append([own_output.resolve()])
         files = sorted({p for g in groups for p in g})
         where = f"{rel}:{block.line}"
         if not files:

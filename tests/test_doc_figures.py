@@ -52,12 +52,6 @@ NOT_YET_CHECKED = {
     "docs/decisions/0025-one-start-for-one-launch.md",
     "docs/decisions/0026-checked-by-the-engine.md",
     "docs/metrics.md",
-    "docs/results/ci/2026-12-05-33067e0.md",
-    "docs/results/ci/2026-12-05-79e4458.md",
-    "docs/results/ci/2026-12-06-44c1a75.md",
-    "docs/results/ci/2026-12-06-e98f74d.md",
-    "docs/results/ci/2026-12-06-f4f1cac.md",
-    "docs/results/ci/2026-12-07-c79a2f1.md",
 }
 
 
