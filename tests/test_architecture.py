@@ -296,3 +296,16 @@ def test_every_command_is_in_the_user_docs_with_its_help():
     assert not differ, f"docs/running.md's command table against the parser: {differ}"
     wrong = {name: (rows[name], helps[name]) for name in rows if rows[name] != helps[name]}
     assert not wrong, f"docs/running.md's rows differ from the parser's help: {wrong}"
+
+
+def test_every_bench_result_is_in_its_readme():
+    listed = (REPO / "bench" / "results" / "README.md").read_text()
+    missing = []
+    for name in tracked_files():
+        path = Path(name)
+        if path.parts[:2] != ("bench", "results") or path.name == "README.md":
+            continue
+        folder = "/".join(path.parts[2:-1])
+        if path.name not in listed and not (folder and f"{folder}/" in listed):
+            missing.append(name)
+    assert not missing, f"bench/results/README.md does not say which script wrote these: {missing}"

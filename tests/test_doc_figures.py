@@ -25,36 +25,6 @@ TRANSCRIBED = {"docs/results/ci/" + n for n in (
     "2026-12-02-74236a7.md", "2026-12-02-968c6aa.md", "2026-12-02-da504ef.md", "2026-12-03-2a025dd.md",
     "2026-12-03-34da4c1.md", "2026-12-03-631ea42.md", "2026-12-03-69dd7f1.md", "2026-12-03-9223c43.md")}
 
-# Pages whose figures are still being given their files, one page at a time: each still fails the check (a page
-# that passes leaves this list, which only shrinks), and every other page passes it.
-NOT_YET_CHECKED = {
-    "docs/decisions/0001-server-lifecycle.md",
-    "docs/decisions/0002-measurement.md",
-    "docs/decisions/0003-loops.md",
-    "docs/decisions/0004-seed-experiments.md",
-    "docs/decisions/0005-gpu-telemetry-roofline.md",
-    "docs/decisions/0006-one-shape.md",
-    "docs/decisions/0007-figures-a-reader-can-trust.md",
-    "docs/decisions/0008-test-time.md",
-    "docs/decisions/0009-from-matrix-to-decision.md",
-    "docs/decisions/0010-the-report-as-a-page.md",
-    "docs/decisions/0012-independent-clients.md",
-    "docs/decisions/0013-first-run-and-ci-time.md",
-    "docs/decisions/0014-one-home-per-concept.md",
-    "docs/decisions/0015-a-trained-tiny-pair.md",
-    "docs/decisions/0016-open-loop-traffic-and-datasets.md",
-    "docs/decisions/0017-sessions-and-trace-replay.md",
-    "docs/decisions/0018-server-warm-up.md",
-    "docs/decisions/0019-layers-as-folders.md",
-    "docs/decisions/0020-losslessness-check.md",
-    "docs/decisions/0022-regression-verdicts.md",
-    "docs/decisions/0024-ci-under-forty-minutes.md",
-    "docs/decisions/0025-one-start-for-one-launch.md",
-    "docs/decisions/0026-checked-by-the-engine.md",
-    "docs/metrics.md",
-}
-
-
 def pages() -> list:
     """Every hand-written page: the front page, every page under docs/ (the decisions, the measurement, fidelity,
     running, gpu and metrics pages, the results READMEs and CI records) and bench's READMEs."""
@@ -76,9 +46,6 @@ def test_what_is_not_checked_is_listed_and_still_there():
 @pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(REPO)))
 def test_every_figure_comes_from_a_file(page):
     problems = figures.check(page, figures.load_allow())
-    if page.relative_to(REPO).as_posix() in NOT_YET_CHECKED:
-        assert problems, f"{page.relative_to(REPO)} passes now: take it off NOT_YET_CHECKED"
-        return
     assert not problems, "figures not found in the files their text cites:\n" + "\n".join(problems)
 
 
