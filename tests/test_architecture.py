@@ -309,3 +309,8 @@ def test_every_bench_result_is_in_its_readme():
         if path.name not in listed and not (folder and f"{folder}/" in listed):
             missing.append(name)
     assert not missing, f"bench/results/README.md does not say which script wrote these: {missing}"
+
+
+def test_the_front_page_stays_a_front_page():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) < 150, f"README.md has {len(lines)} lines: it links the rest, under 150"
