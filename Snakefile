@@ -56,12 +56,10 @@ localrules:
 rule all:
     default_target: True
     input:
-        f"{RESULTS}/report.md",
-        f"{RESULTS}/report.html",
-        f"{RESULTS}/matrix.parquet",
-        f"{RESULTS}/requests.parquet",
-        f"{RESULTS}/decisions.parquet",
-        f"{RESULTS}/models.lock",
+        rules.report.output.md,
+        rules.report.output.html,
+        rules.aggregate.output,
+        rules.models_lock.output,
         datasets_lock_file(),
 
 

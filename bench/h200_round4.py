@@ -89,7 +89,8 @@ VERDICTS = (("regress-releases", "vllm-0.25.1", "vllm-0.26.0"),
 
 def keep(tarball: Path, folder: str, dest: Path) -> None:
     """File what a reader needs of one run's folder in the tarball: its tables, report and locks, every cell and
-    loop verdict, the losslessness check's outputs and verdicts, each server's start-up, and the log of a server that failed to start (its traceback)."""
+    loop verdict, the losslessness check's outputs and verdicts, each server's start-up, and the log of a server
+    that failed to start (its traceback)."""
     with tarfile.open(tarball) as tar:
         names = set(tar.getnames())
         for m in tar.getmembers():

@@ -1,12 +1,12 @@
 rule aggregate:
     input:
         cells=cell_files(".json"),
-        requests=cell_files(".requests.parquet"),
+        requests=cell_files(sm_runfolder.CELL_REQUESTS_SUFFIX),
         loops=loop_files(),
     output:
-        matrix=f"{RESULTS}/matrix.parquet",
-        requests=f"{RESULTS}/requests.parquet",
-        decisions=f"{RESULTS}/decisions.parquet",
+        matrix=str(RUN.matrix),
+        requests=str(RUN.requests),
+        decisions=str(RUN.decisions),
     log:
         f"{RESULTS}/logs/aggregate.log",
     conda:

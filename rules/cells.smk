@@ -14,7 +14,7 @@ for kind in WORKLOADS:
             dataset=dataset_file_of(kind),
         output:
             json=f"{RESULTS}/cells/{{server_id}}/{kind}-{{cell_key}}.json",
-            requests=f"{RESULTS}/cells/{{server_id}}/{kind}-{{cell_key}}.requests.parquet",
+            requests=f"{RESULTS}/cells/{{server_id}}/{kind}-{{cell_key}}{sm_runfolder.CELL_REQUESTS_SUFFIX}",
         log:
             f"{RESULTS}/logs/cells/{{server_id}}/{kind}-{{cell_key}}.log",
         priority: cell_priority

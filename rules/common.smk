@@ -18,6 +18,7 @@ from speedmatrix.serve import procs as sm_procs
 from speedmatrix.serve import runtimes as sm_runtimes
 from speedmatrix.jobs import summary as sm_summary
 from speedmatrix.history import store as sm_store
+from speedmatrix.core import runfolder as sm_runfolder
 from speedmatrix import workloads as sm_workloads
 
 try:
@@ -26,6 +27,8 @@ except sm_experiment.ConfigError as err:
     raise WorkflowError(f"speedmatrix: {err}") from None
 
 RESULTS = f"{config['results_dir']}/{EXP.name}"
+# every file name of the run's folder (speedmatrix.core.runfolder)
+RUN = sm_runfolder.RunFolder(RESULTS)
 MODELS = config["models_dir"]
 SERVER_IDS = [s.id for s in EXP.servers]
 # the workload kinds, one rule each (rules/cells.smk), from the registry
@@ -143,7 +146,7 @@ def preflight():
     problems += found.errors
     if problems:
         raise WorkflowError("speedmatrix: before any job:\n  " + "\n  ".join(problems))
-    moved = sm_preflight.moved_tag(EXP, f"{RESULTS}/runtime.lock.json")
+    moved = sm_preflight.moved_tag(EXP, str(RUN.runtime_lock))
     if moved:
         print(f"speedmatrix: {moved}")
     recorded = sm_preflight.recorded_run(EXP)
@@ -180,7 +183,7 @@ def finish_run(succeeded):
                 f"speedmatrix: the run was not added to the results store {history}: "
                 f"{type(err).__name__}: {err}"
             )
-        page = Path(RESULTS) / "report.html"
+        page = RUN.report_html
         if succeeded and page.exists():
             print(
                 f"speedmatrix: the report is {page} (one page, works offline: open it in a browser, "
@@ -310,7 +313,7 @@ def dataset_files():
 
 def datasets_lock_file():
     # the datasets' lock, where the experiment has datasets
-    return [f"{RESULTS}/datasets.lock"] if EXP.raw.get("datasets") else []
+    return [str(RUN.datasets_lock)] if EXP.raw.get("datasets") else []
 
 
 def dataset_file_of(kind):
@@ -413,7 +416,7 @@ def chart_outputs():
 def server_job_input():
     return {
         "launch": f"{RESULTS}/servers/{{server_id}}/launch.json",
-        "lock": f"{RESULTS}/runtime.lock.json",
+        "lock": str(RUN.runtime_lock),
     }
 
 

@@ -5,7 +5,7 @@ rule datasets_lock:
     input:
         dataset_files(),
     output:
-        f"{RESULTS}/datasets.lock",
+        str(RUN.datasets_lock),
     log:
         f"{RESULTS}/logs/datasets_lock.log",
     conda:

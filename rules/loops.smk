@@ -4,7 +4,7 @@
 rule loops:
     input:
         cell=f"{RESULTS}/cells/{{server_id}}/{{cell_id}}.json",
-        requests=f"{RESULTS}/cells/{{server_id}}/{{cell_id}}.requests.parquet",
+        requests=f"{RESULTS}/cells/{{server_id}}/{{cell_id}}{sm_runfolder.CELL_REQUESTS_SUFFIX}",
         # a speculative config's losslessness verdict (its cells' status: lossy)
         lossless=lossless_of_cell,
     output:

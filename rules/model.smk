@@ -18,7 +18,7 @@ rule models_lock:
     input:
         [model_manifest(name) for name in EXP.models],
     output:
-        f"{RESULTS}/models.lock",
+        str(RUN.models_lock),
     log:
         f"{RESULTS}/logs/models_lock.log",
     conda:

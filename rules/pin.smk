@@ -1,6 +1,6 @@
 rule pin_runtime:
     output:
-        f"{RESULTS}/runtime.lock.json",
+        str(RUN.runtime_lock),
     log:
         f"{RESULTS}/logs/pin_runtime.log",
     conda:

@@ -5,21 +5,21 @@
 # caption (report.html and `snakemake --report`) is docs/captions/<name>.rst.
 rule report:
     input:
-        matrix=f"{RESULTS}/matrix.parquet",
-        decisions=f"{RESULTS}/decisions.parquet",
-        requests=f"{RESULTS}/requests.parquet",
-        lock=f"{RESULTS}/runtime.lock.json",
+        matrix=rules.aggregate.output.matrix,
+        decisions=rules.aggregate.output.decisions,
+        requests=rules.aggregate.output.requests,
+        lock=rules.pin_runtime.output[0],
         launches=startup_files(),
         gates=gate_files(),
         lossless=lossless_files(),
         references=reference_files(),
-        models_lock=f"{RESULTS}/models.lock",
+        models_lock=rules.models_lock.output[0],
         published=published_files(),
     output:
         **chart_outputs(),
-        md=f"{RESULTS}/report.md",
+        md=str(RUN.report_md),
         html=report(
-            f"{RESULTS}/report.html",
+            str(RUN.report_html),
             caption="../docs/captions/report.rst",
             category="Tables",
         ),

@@ -6,7 +6,7 @@
 # and writes servers/<id>/startup.json (docs/decisions/0001).
 rule p2p_check:
     input:
-        lock=f"{RESULTS}/runtime.lock.json",
+        lock=rules.pin_runtime.output[0],
     output:
         f"{RESULTS}/servers/{{server_id}}/p2p.json",
     log:
@@ -27,7 +27,7 @@ rule p2p_check:
 
 rule server_launch:
     input:
-        lock=f"{RESULTS}/runtime.lock.json",
+        lock=rules.pin_runtime.output[0],
         models=server_models,
         p2p=p2p_of,
     output:

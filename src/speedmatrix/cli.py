@@ -14,7 +14,9 @@ from pathlib import Path
 import aiohttp
 
 from . import __version__, workloads
+from .core import atomic, runfolder
 from .core.errors import SpeedmatrixError
+from .core.runfolder import RunFolder
 from .core.settings import ClientSettings, defaults_of, section_defaults
 
 EPILOG = """\
@@ -59,7 +61,8 @@ def cmd_measure(ns: argparse.Namespace) -> int:
                                      "client": settings.as_dict()}}
     atomic.write_json(ns.out, doc)
     if records:
-        cells.request_table(records, {"cell_id": cell.id}).to_parquet(Path(ns.out).with_suffix(".requests.parquet"))
+        requests_file = Path(ns.out).with_suffix(runfolder.CELL_REQUESTS_SUFFIX)
+        cells.request_table(records, {"cell_id": cell.id}).to_parquet(requests_file)
     print(json.dumps({k: result.get(k) for k in ("status", "completed", "failed", "total_output_tokens",
                                                  "output_throughput", "median_ttft_ms", "median_itl_ms",
                                                  "prefix_cache_hit_rate", "spec_decode_acceptance_rate")}))
@@ -104,8 +107,8 @@ def cmd_argv(ns: argparse.Namespace) -> int:
     from .serve import runtimes
 
     exp = experiment.load(ns.experiment, ns.experiments_dir)
-    lock_path = Path(ns.results_dir) / exp.name / "runtime.lock.json"
-    image = json.loads(lock_path.read_text()).get("image_ref") if lock_path.exists() else None
+    lock_path = RunFolder(Path(ns.results_dir) / exp.name).runtime_lock
+    image = (atomic.read_json_if_there(lock_path) or {}).get("image_ref")
     if exp.runtime["kind"] != "local" and not image:
         print(f"# image not pinned yet ({lock_path} absent): shown as configured; the run uses its digest",
               file=sys.stderr)
@@ -470,7 +473,7 @@ def _add_comparisons(sub) -> None:
 
 
 def _add_history(sub) -> None:
-    default_store = Path("results") / "history.sqlite"
+    default_store = runfolder.history("results")
     hi = sub.add_parser(
         "history", help="the runs in the results store, or one cell across them",
         description="Every finished or failed run of the workflow adds itself to the results store "

@@ -14,7 +14,9 @@ import subprocess
 import time
 from pathlib import Path
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # src/speedmatrix/core -> the checkout (or site-packages)
+# the checkout the package runs from (src/speedmatrix/core -> the checkout; a wheel: the site-packages folder), named
+# once for every module that reads a file of the repository (the locks, the commit)
+CHECKOUT = Path(__file__).resolve().parents[3]
 
 
 @functools.cache
@@ -33,14 +35,14 @@ def cpu_model() -> str | None:
 def commit() -> str | None:
     """The commit of the checkout this package runs from, with "-dirty" when tracked files changed; None when it is
     not a git checkout (an installed wheel) or git is absent."""
-    if not (PACKAGE_ROOT / ".git").exists():
+    if not (CHECKOUT / ".git").exists():
         return None
     try:
-        head = subprocess.run(["git", "-C", str(PACKAGE_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+        head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10)
         if head.returncode:
             return None
-        dirty = subprocess.run(["git", "-C", str(PACKAGE_ROOT), "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", str(CHECKOUT), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10)
         return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):

@@ -30,10 +30,10 @@ from typing import Any
 
 import pandas as pd
 
-from ..core import atomic
+from ..core import atomic, runfolder
 from ..core.errors import StoreError
+from ..core.runfolder import RunFolder
 
-FILE = "history.sqlite"
 SCHEMA_VERSION = 1
 # per request: what the regression verdict resamples, and what says which requests count
 REQUEST_COLUMNS = ["server_id", "cell_id", "repeat", "request_index", "phase", "counted", "start_s", "end_s",
@@ -49,7 +49,7 @@ RUN_COLUMNS = ["run_id", "experiment", "status", "cells", "started_at", "added_a
 
 def path_for(results_root: str | Path) -> Path:
     """The store of a results root."""
-    return Path(results_root) / FILE
+    return runfolder.history(results_root)
 
 
 def _sha(obj: Any) -> str:
@@ -109,7 +109,7 @@ def cell_identity(cell: dict[str, Any]) -> dict[str, str]:
 
 
 def _cell_files(run: Path) -> list[Path]:
-    return sorted(p for p in (run / "cells").glob("*/*.json")) if (run / "cells").is_dir() else []
+    return RunFolder(run).cell_files()
 
 
 def _jsonable(value: Any) -> Any:
@@ -139,8 +139,8 @@ def _run_id(run: Path, cells: dict[tuple[str, str], dict[str, Any]], summary: di
     finished no cell is told apart from another such run by when it ended)."""
     if cells:
         experiment = next(iter(cells.values()))["experiment"]
-    elif (run / "matrix.parquet").exists():
-        experiment = str(pd.read_parquet(run / "matrix.parquet", columns=["experiment"])["experiment"].iloc[0])
+    elif RunFolder(run).matrix.exists():
+        experiment = str(pd.read_parquet(RunFolder(run).matrix, columns=["experiment"])["experiment"].iloc[0])
     else:
         experiment = run.name
     keys = sorted((sid, cid, doc.get("measurement_key"), doc["result"].get("started_at"))
@@ -152,21 +152,21 @@ def _run_id(run: Path, cells: dict[tuple[str, str], dict[str, Any]], summary: di
 def run_id(run: str | Path) -> str:
     """The id a results folder's run has (or will have) in the store."""
     run = Path(run)
-    return _run_id(run, _cell_docs(run), atomic.read_json_if_there(run / "run-summary.json") or {})[1]
+    return _run_id(run, _cell_docs(run), atomic.read_json_if_there(RunFolder(run).summary) or {})[1]
 
 
 def _rows(run: Path) -> tuple[pd.DataFrame, dict[str, dict[str, Any]]]:
     """The run's cells as matrix rows (its matrix.parquet, else each judged cell's row made as aggregate makes it)
     and each cell's JSON by (server, cell)."""
     cells = _cell_docs(run)
-    if (run / "matrix.parquet").exists():
-        matrix = pd.read_parquet(run / "matrix.parquet")
+    if RunFolder(run).matrix.exists():
+        matrix = pd.read_parquet(RunFolder(run).matrix)
     else:  # a run that stopped before its matrix: the cells it judged
         from ..jobs import aggregate
 
         rows = []
         for (sid, cid), doc in cells.items():
-            loops = atomic.read_json_if_there(run / "loops" / sid / f"{cid}.json")
+            loops = atomic.read_json_if_there(RunFolder(run).loop(sid, cid))
             if loops:
                 rows.append(aggregate.matrix_row(doc, loops))
         matrix = pd.DataFrame(rows)
@@ -179,11 +179,12 @@ def manifest(run: str | Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFram
     if not run.is_dir():
         raise StoreError(f"{run}: no such results folder (give results/<experiment> of a run)")
     matrix, cells = _rows(run)
-    summary = atomic.read_json_if_there(run / "run-summary.json") or {}
+    folder = RunFolder(run)
+    summary = atomic.read_json_if_there(folder.summary) or {}
     if matrix.empty and not cells and not summary:
         raise StoreError(f"{run}: no cell results (cells/*/*.json) and no run-summary.json: not a run's results folder")
-    lock = atomic.read_json_if_there(run / "runtime.lock.json") or {}
-    models_lock = (run / "models.lock").read_bytes() if (run / "models.lock").exists() else b""
+    lock = atomic.read_json_if_there(folder.runtime_lock) or {}
+    models_lock = folder.models_lock.read_bytes() if folder.models_lock.exists() else b""
     provs = [doc.get("provenance") or {} for doc in cells.values()]
     first = lambda key: next((p.get(key) for p in provs if p.get(key) is not None), None)  # noqa: E731
     experiment, run_id = _run_id(run, cells, summary)
@@ -213,7 +214,7 @@ def manifest(run: str | Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFram
     cell_rows = (matrix.merge(ids, on=["server_id", "cell_id"], how="left") if len(matrix)
                  else pd.DataFrame(columns=["server_id", "cell_id", "status"]))  # a run that judged no cell
     cell_rows.insert(0, "run_id", run_id)
-    reqs = pd.read_parquet(run / "requests.parquet") if (run / "requests.parquet").exists() else _requests_of(run)
+    reqs = pd.read_parquet(folder.requests) if folder.requests.exists() else _requests_of(run)
     reqs = reqs.reindex(columns=REQUEST_COLUMNS)
     reqs.insert(0, "run_id", run_id)
     return row, cell_rows, reqs
@@ -226,7 +227,7 @@ def _probe_of(provs: list[dict[str, Any]]) -> float | None:
 
 
 def _requests_of(run: Path) -> pd.DataFrame:
-    tables = [pd.read_parquet(p) for p in sorted((run / "cells").glob("*/*.requests.parquet"))]
+    tables = [pd.read_parquet(p) for p in RunFolder(run).cell_request_files()]
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=REQUEST_COLUMNS)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import pandas as pd
 
-from ..core import atomic
+from ..core import atomic, runfolder
 from ..core.errors import CellError
 from ..core.settings import ClientSettings
 from ..measure import client, clientcheck, datasets, loops, metrics, prompts, stats, telemetry
@@ -443,7 +443,7 @@ def measurement_key(cell: Cell, launch: dict[str, Any], lock: dict[str, Any], me
 
 def store_paths(results_dir: Path, server_id: str, cell_id: str, key: str) -> tuple[Path, Path]:
     base = results_dir / "store" / server_id / cell_id
-    return base / f"{key}.json", base / f"{key}.requests.parquet"
+    return base / f"{key}.json", base / f"{key}{runfolder.CELL_REQUESTS_SUFFIX}"
 
 
 def restore(stored_json: Path, stored_requests: Path, out_json: str, out_requests: str) -> bool:

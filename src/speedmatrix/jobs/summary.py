@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import atomic
+from ..core.runfolder import RunFolder
 
 # the same cause, whichever cell met it first: "failed to start earlier in this run" is "failed to start"
 _SAME = [(re.compile(r" earlier in this run"), "")]
@@ -109,5 +110,5 @@ def text(summary: dict[str, Any]) -> str:
 def write(results: Path, jobs: list[tuple[str, str, Path | None]], succeeded: bool = True) -> dict[str, Any]:
     summary = summarize(results, jobs, succeeded)
     results.mkdir(parents=True, exist_ok=True)
-    atomic.write_json(results / "run-summary.json", summary)
+    atomic.write_json(RunFolder(results).summary, summary)
     return summary

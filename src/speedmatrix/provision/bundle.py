@@ -21,8 +21,7 @@ from pathlib import Path
 
 from ..core.atomic import write_json
 from ..core.errors import BundleError
-
-REPO = Path(__file__).resolve().parents[3]
+from ..core.host import CHECKOUT
 
 # the wheel platforms of a Linux x86_64 host of glibc 2.28 or later (what CUDA builds of vLLM and torch are)
 MANYLINUX_X86_64 = ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64",
@@ -114,7 +113,7 @@ def build(target_name: str, out: Path, *, without: tuple[str, ...] = (), also: t
     if target_name not in TARGETS:
         raise BundleError(f"unknown bundle target {target_name!r}: choose one of {', '.join(TARGETS)}")
     target = TARGETS[target_name]
-    lock = REPO / target.lock
+    lock = CHECKOUT / target.lock
     if not lock.is_file():
         raise BundleError(f"{lock}: the {target_name} target's lock file is missing")
     host = host or {}
@@ -172,7 +171,7 @@ def build(target_name: str, out: Path, *, without: tuple[str, ...] = (), also: t
         "host_differs": {_name(r): {"lock": _version(r), "host": host[_name(r)]} for r in pinned(lock)
                          if _name(r) in host and _name(r) not in left_out},
         "also": list(also),
-        "envs": [str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in envs],
+        "envs": [str(p.relative_to(CHECKOUT)) if p.is_relative_to(CHECKOUT) else str(p) for p in envs],
         "wheels": {p.name: _sha256(p) for p in files},
         "bytes": sum(p.stat().st_size for p in files),
         "seconds": round(time.monotonic() - t0, 1),

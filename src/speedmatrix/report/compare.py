@@ -17,6 +17,7 @@ import pandas as pd
 
 from .. import workloads
 from ..core import atomic, fmt
+from ..core.runfolder import RunFolder
 from ..core.table import Figure, Heading, Para, Table, markdown
 from ..judge import decide
 from . import charts, document, sections
@@ -30,7 +31,7 @@ FIGURES = [("total_tok_s", "output tok/s", fmt.num), ("ttft_ms", "median TTFT", 
 def load_matrix(run: str | Path) -> pd.DataFrame:
     path = Path(run)
     if path.is_dir():
-        path = path / "matrix.parquet"
+        path = RunFolder(path).matrix
     if not path.exists():
         raise FileNotFoundError(f"{run}: no matrix.parquet (give a results directory of a finished run, "
                                 "e.g. results/<experiment>, or the matrix.parquet itself)")
@@ -122,8 +123,8 @@ def _json(path: Path) -> dict:
 def provenance_table(runs: dict[str, str | Path], matrices: dict[str, pd.DataFrame]) -> Table:
     """Each run's provenance side by side: runtime, vLLM, package set or image, models, hardware, when."""
     t = Table(["", *runs])
-    locks = {k: _json(_run_dir(r) / "runtime.lock.json") for k, r in runs.items()}
-    models = {k: _json(_run_dir(r) / "models.lock").get("models") or {} for k, r in runs.items()}
+    locks = {k: _json(RunFolder(_run_dir(r)).runtime_lock) for k, r in runs.items()}
+    models = {k: _json(RunFolder(_run_dir(r)).models_lock).get("models") or {} for k, r in runs.items()}
 
     def first(m: pd.DataFrame, col: str) -> str:
         vals = sorted({str(v) for v in m.get(col, pd.Series(dtype=str)).dropna()})

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..core.runfolder import RunFolder
 from . import walltime
 
 FIGURES = [("total_tok_s", "output tok/s"), ("ttft_ms", "median TTFT (ms)"), ("itl_ms", "median ITL (ms)"),
@@ -33,9 +34,9 @@ def _pct(new, old) -> float | None:
 
 
 def compare(alone: Path, beside: Path, again: Path | None = None) -> dict:
-    a = pd.read_parquet(alone / "matrix.parquet").set_index(["server_id", "cell_id"])
-    b = pd.read_parquet(beside / "matrix.parquet").set_index(["server_id", "cell_id"])
-    g = pd.read_parquet(again / "matrix.parquet").set_index(["server_id", "cell_id"]) if again else None
+    a = pd.read_parquet(RunFolder(alone).matrix).set_index(["server_id", "cell_id"])
+    b = pd.read_parquet(RunFolder(beside).matrix).set_index(["server_id", "cell_id"])
+    g = pd.read_parquet(RunFolder(again).matrix).set_index(["server_id", "cell_id"]) if again else None
     rows = []
     for key in b.index:
         if key not in a.index:

@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..core import atomic
 from ..core.errors import RederiveError
+from ..core.runfolder import RunFolder
 from ..jobs import aggregate
 from ..judge import loopcheck
 from ..plan import experiment
@@ -32,24 +33,24 @@ def rederive(results: str | Path, experiment_name: str | None = None,
     exp = experiment.load(experiment_name or results.name, experiments_dir)
     settings = {**exp.loops, **({"policy": policy} if policy else {})}
     cells, loops, reqs = [], [], []
-    for cell_json in sorted(results.glob("cells/*/*.json")):
-        req = cell_json.with_name(cell_json.stem + ".requests.parquet")
+    run, derived = RunFolder(results), RunFolder(out)
+    for cell_json in run.cell_files():
+        req = run.cell_requests(cell_json.parent.name, cell_json.stem)
         if not req.exists():
             raise RederiveError(f"{cell_json}: its requests file {req.name} is missing (each cell JSON needs the "
                                 ".requests.parquet its job wrote beside it)")
         checks = sorted(results.glob(f"lossless/*/verdict-{cell_json.parent.name}.json"))
         verdict = loopcheck.judge_cell(atomic.read_json(cell_json), pd.read_parquet(req), settings, exp.stability,
                                        atomic.read_json(checks[0]) if checks else None)
-        loop_out = out / "loops" / cell_json.parent.name / cell_json.name
+        loop_out = derived.loop(cell_json.parent.name, cell_json.stem)
         atomic.write_json(loop_out, verdict)
         cells.append(cell_json), loops.append(loop_out), reqs.append(req)
     if not cells:
         raise RederiveError(f"{results}: no cell results (cells/<server_id>/<cell_id>.json) to re-derive from")
-    for needed in ("runtime.lock.json",):
-        if not (results / needed).exists():
-            raise RederiveError(f"{results}: {needed} is missing (the run's runtime pin, which the report shows)")
-    paths = {"matrix": out / "matrix.parquet", "requests": out / "requests.parquet",
-             "decisions": out / "decisions.parquet"}
+    if not run.runtime_lock.exists():
+        raise RederiveError(f"{results}: {run.runtime_lock.name} is missing (the run's runtime pin, which the report "
+                            "shows)")
+    paths = {"matrix": derived.matrix, "requests": derived.requests, "decisions": derived.decisions}
     aggregate.build(cells, loops, reqs, paths["matrix"], paths["requests"], paths["decisions"], targets=exp.targets,
                     gpus={s.id: s.gpus for s in exp.servers})
     md = write_report(exp, experiments_dir, results, out, paths, settings, captions_dir)
@@ -61,12 +62,13 @@ def write_report(exp: experiment.Experiment, experiments_dir: str | Path, src: P
     """The report rule's code over a run's files: locks, launch specs, gates and reference JSONs from ``src``,
     the matrix, decisions and requests from ``paths``; report.md, report.html and the charts into ``out``.
     Returns report.md's path."""
-    (out / "charts").mkdir(parents=True, exist_ok=True)
-    report = {"md": str(out / "report.md"), "html": str(out / "report.html")}
+    derived, run = RunFolder(out), RunFolder(src)
+    derived.charts.mkdir(parents=True, exist_ok=True)
+    report = {"md": str(derived.report_md), "html": str(derived.report_html)}
     for chart in charts.applicable(exp):
-        report[f"{chart.name}_png"] = str(out / "charts" / f"{chart.name}.png")
-    models_lock = src / "models.lock"
-    document.build(exp.name, str(experiments_dir), str(paths["matrix"]), str(src / "runtime.lock.json"),
+        report[f"{chart.name}_png"] = str(derived.chart(chart.name))
+    models_lock = run.models_lock
+    document.build(exp.name, str(experiments_dir), str(paths["matrix"]), str(run.runtime_lock),
                    [str(p) for p in sorted(src.glob("servers/*/launch.json"))], report,
                    gate_paths=[str(p) for p in sorted(src.glob("gates/*/*.json"))],
                    models_lock_path=str(models_lock) if models_lock.exists() else None,

@@ -11,6 +11,7 @@ import pandas as pd
 
 from ..core import atomic, fmt
 from ..core.errors import StoreError
+from ..core.runfolder import RunFolder
 from ..core.table import Block, Bullets, Figure, Heading, Para, Table, html_page, markdown
 from ..history import regress as rg
 from ..history import store
@@ -271,7 +272,7 @@ def earlier_runs_blocks(history_path: str | Path, experiment: str, results_dir: 
             y=alt.Y("cell:N", title=None), color=alt.Color("run:N", title="earlier run"),
             tooltip=["cell", "run", alt.Tooltip("ratio:Q", format=".3f")]).properties(
             width=420, title="Each cell in earlier runs, against this run")
-        png = Path(out["md"]).parent / "charts" / "earlier_runs.png"
+        png = RunFolder(Path(out["md"]).parent).chart("earlier_runs")
         png.parent.mkdir(parents=True, exist_ok=True)
         charts.save_png(chart, png)
         blocks_.append(Figure("Each cell in earlier runs, against this run", chart.to_dict(),

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..core import atomic
 from ..core.errors import ServerError
+from ..core.runfolder import RunFolder
 from . import runtimes, state
 from .broker import running_brokers, stop_broker
 from .placement import measure_lock, measuring, place
@@ -158,7 +159,7 @@ def acquire(results_root: Path, experiment: str, server_id: str, launch: dict, i
     cells' provenance names that start.
     """
     placement = placement or Placement()
-    own_dir = results_root / experiment / "servers" / server_id
+    own_dir = RunFolder(results_root / experiment).server(server_id)
     waited, pending = 0.0, None
     while True:
         with device_lock(results_root):
