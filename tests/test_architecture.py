@@ -147,9 +147,22 @@ def test_the_tree_in_the_docs_is_the_package():
 
 
 def test_formatting_and_tables_import_nothing_of_speedmatrix():
+    """The lowest modules: the statuses, the errors, numbers as text and tables (which name a status's label and
+    colour, so they read the statuses, and nothing else)."""
     graph = import_graph()
-    for name in ("speedmatrix.core.fmt", "speedmatrix.core.table", "speedmatrix.core.errors"):
+    for name in ("speedmatrix.core.status", "speedmatrix.core.errors"):
         assert graph[name] == set(), (name, graph[name])
+    for name in ("speedmatrix.core.fmt", "speedmatrix.core.table"):
+        assert graph[name] <= {"speedmatrix.core.status"}, (name, graph[name])
+
+
+def test_a_status_is_named_through_its_enumeration():
+    """No module compares or sets a cell's status by its literal word: `Status` (core/status.py) names them."""
+    literal = re.compile(r'(==|!=|\bin \(|isin\(\[?|"status":|\bstatus\s*=)\s*\(?\s*"(valid|unstable|over_capacity|'
+                         r'looped|client_bound|saturated|lossy)"')
+    found = [f"{p.relative_to(REPO)}:{n}: {line.strip()}" for p in sorted((REPO / "src" / "speedmatrix").rglob("*.py"))
+             if p.name != "status.py" for n, line in enumerate(p.read_text().splitlines(), 1) if literal.search(line)]
+    assert not found, "\n".join(found)
 
 
 def test_errors_are_defined_in_one_module():

@@ -221,7 +221,7 @@ def test_a_run_against_a_published_matrix(tmp_path):
     own = {"source": "this run", "decode": {"concurrency": sorted(int(c) for c in dec["concurrency"].unique()),
                                             "status": {}}}
     for ctx, g in dec.groupby("context_tokens"):
-        own["decode"]["status"][int(ctx)] = [reproduce.AS_PUBLISHED.get(s, "valid") for s in
+        own["decode"]["status"][int(ctx)] = [str(reproduce.AS_PUBLISHED.get(s, "valid")) for s in
                                              g.sort_values("concurrency")["status"]]
     path = tmp_path / "own.yaml"
     path.write_text(yaml.safe_dump(own))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .status import LABELS
+
 # A cell's status as a reader sees it; matrix.parquet keeps the key.
-STATUS_LABEL = {"valid": "Valid", "looped": "Looped", "unstable": "Unstable", "over_capacity": "Over capacity",
-                "client_bound": "Client-bound", "saturated": "Saturated",
-                "lossy": "Lossy", "error": "Error"}
+STATUS_LABEL = {str(s): label for s, label in LABELS.items()}
 
 
 def missing(v: Any) -> bool:

@@ -19,6 +19,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .status import Status
+
 
 @dataclass
 class Heading:
@@ -143,9 +145,9 @@ def table_html(t: Table, statuses: dict[str, str] | None = None) -> str:
 
 
 # one colour per status (the same in the legend, the tables and the heatmap's labels)
-STATUS_COLOURS = {"valid": "#d9f2d9", "unstable": "#fff0c2", "looped": "#f8d0d0", "over_capacity": "#e3e3e3",
-                  "client_bound": "#e4d7f5", "saturated": "#f5dcc4", "lossy": "#f0c8e0",
-                  "error": "#f4b4b4"}
+STATUS_COLOURS = {Status.VALID: "#d9f2d9", Status.UNSTABLE: "#fff0c2", Status.LOOPED: "#f8d0d0",
+                  Status.OVER_CAPACITY: "#e3e3e3", Status.CLIENT_BOUND: "#e4d7f5", Status.SATURATED: "#f5dcc4",
+                  Status.LOSSY: "#f0c8e0", Status.ERROR: "#f4b4b4"}
 
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:1280px;margin:1.5em auto;padding:0 1em;line-height:1.4;"
          "color:#222}table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;"

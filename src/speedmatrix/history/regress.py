@@ -22,9 +22,10 @@ import numpy as np
 import pandas as pd
 
 from .. import workloads
+from ..core.status import USABLE
 from ..measure import stats
 
-COMPARABLE_STATUSES = ("valid", "unstable")
+COMPARABLE_STATUSES = USABLE
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "faster", "slower", "no change", "not comparable"
 
 

@@ -19,13 +19,15 @@ import pandas as pd
 import yaml
 
 from ..core.errors import ConfigError
+from ..core.status import Status
 
-STATUSES = ("valid", "looped", "over_capacity")
+STATUSES = (Status.VALID, Status.LOOPED, Status.OVER_CAPACITY)
 # a published file's tables, each named for the kind of cell it holds: the matrix (context x concurrency, with
 # statuses) and the per-context rows
 MATRIX_TABLE, ROWS_TABLE = "decode", "prefill"
 # a run's status as the published tables write it (unstable: a figure, with a wide spread)
-AS_PUBLISHED = {"valid": "valid", "unstable": "valid", "looped": "looped", "over_capacity": "over_capacity"}
+AS_PUBLISHED = {Status.VALID: Status.VALID, Status.UNSTABLE: Status.VALID, Status.LOOPED: Status.LOOPED,
+                Status.OVER_CAPACITY: Status.OVER_CAPACITY}
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -112,7 +114,8 @@ def compare(matrix: pd.DataFrame, published: dict[str, Any], server_id: str | No
     run = run.assign(rank=run["context_tokens"].map(run_rank))
     pub = pub.assign(rank=pub["context"].map(pub_rank))
     both = pub.merge(run, on=["rank", "concurrency"], how="left", suffixes=("_published", ""))
-    both["status_run"] = both["status"].map(AS_PUBLISHED).fillna(both["status"])
+    # as the published matrix words it (a plain word in the table, as every status is)
+    both["status_run"] = [s if s is None else str(AS_PUBLISHED.get(s, s)) for s in both["status"]]
     both["agree"] = both["status_run"] == both["status_published"]
     kv = both["kv_cache_size_tokens"].astype(float)
     both["kv_multiple"] = (both["needed_kv_tokens"].astype(float) / kv).where(kv > 0)
@@ -127,7 +130,7 @@ def compare(matrix: pd.DataFrame, published: dict[str, Any], server_id: str | No
         g = g.sort_values("concurrency")
         at_run = _first_over(g, "status_run")
         kv_at = g.loc[g["concurrency"] == at_run, "kv_multiple"]
-        fit = g.loc[g["status_run"] != "over_capacity", "kv_multiple"]
+        fit = g.loc[g["status_run"] != Status.OVER_CAPACITY, "kv_multiple"]
         rows.append({"published_context": int(g["context"].iloc[0]),
                      "run_context": int(g["context_tokens"].dropna().iloc[0]) if g["context_tokens"].notna().any()
                      else None,
@@ -153,7 +156,7 @@ def _of_kind(matrix: pd.DataFrame, table: str) -> pd.DataFrame:
 
 def _first_over(row: pd.DataFrame, column: str) -> int | None:
     """A context row's smallest concurrency over capacity (None: none is)."""
-    return next((int(c) for c, s in zip(row["concurrency"], row[column]) if s == "over_capacity"), None)
+    return next((int(c) for c, s in zip(row["concurrency"], row[column]) if s == Status.OVER_CAPACITY), None)
 
 
 def _prefill(matrix: pd.DataFrame, published: dict[str, Any]) -> pd.DataFrame:

@@ -11,6 +11,7 @@ import pandas as pd
 
 from .. import workloads
 from ..core import atomic
+from ..core.status import Status
 from ..judge import decide
 from ..measure import clientcheck, slo, stats, telemetry
 
@@ -177,7 +178,7 @@ def cell_decisions(cell: dict[str, Any], row: dict[str, Any], table: pd.DataFram
     """Every target the cell's kind is judged on, over its requests (speedmatrix.measure.slo)."""
     kind = workloads.get(cell["cell"]["workload"])
     chosen = kind.slo_targets(cell["cell"], targets)
-    if not chosen or not len(table) or row["status"] == "over_capacity":
+    if not chosen or not len(table) or row["status"] == Status.OVER_CAPACITY:
         return []
     phase, window = kind.slo_scope(cell["result"])
     ident = {k: row[k] for k in DECISION_COLUMNS[:10]}

@@ -27,6 +27,7 @@ import pandas as pd
 from ..core import atomic, runfolder
 from ..core.errors import CellError
 from ..core.settings import ClientSettings
+from ..core.status import Status
 from ..measure import client, clientcheck, datasets, loops, metrics, prompts, stats, telemetry
 from ..measure import records as requests_table
 from ..workloads import Cell, CellRun
@@ -302,10 +303,10 @@ def client_check(figures: dict[str, Any], checked: dict[str, Any], settings: Cli
     reason = clientcheck.verdict(checked, settings, took_s)
     if reason is None:
         return
-    if figures.get("status") == "client_bound":
+    if figures.get("status") == Status.CLIENT_BOUND:
         figures["status_reason"] = f"{figures.get('status_reason')}; {reason}"
     else:
-        figures["status"], figures["status_reason"] = "client_bound", reason
+        figures["status"], figures["status_reason"] = Status.CLIENT_BOUND, reason
 
 
 def _check(cell: Cell, url: str, records: list[client.RequestRecord], finished: float | None,
@@ -362,7 +363,7 @@ async def measure(cell: Cell, inp: MeasureInput) -> tuple[dict[str, Any], list[c
                                                       "server_metrics": "present" if before_raw else "absent"}
         if kv is not None and need > kv:
             progress(f"over capacity: needs {need} KV tokens, the server has {kv}; not sent")
-            return {**base, "status": "over_capacity"}, []
+            return {**base, "status": Status.OVER_CAPACITY}, []
         before_raw = await wait_until_idle(session, url, busy_wait_s, progress)
         made = await _Prompts(session, cell, inp, settings.seed, nonce).open()
         sampler = GaugeSampler(url, float(settings.metrics_interval_s))
@@ -391,7 +392,7 @@ async def measure(cell: Cell, inp: MeasureInput) -> tuple[dict[str, Any], list[c
     _check(cell, url, records, finished, gauges)
     result = {
         **base,
-        "status": "valid",
+        "status": Status.VALID,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_wall)),
         "server_running_before": (_in_flight(before_raw) or (None,))[0],
         **figures,

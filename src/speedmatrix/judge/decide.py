@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from .. import workloads
+from ..core.status import USABLE
 
 # cells whose figures are measurements a decision can rest on
-USABLE = ("valid", "unstable")
 # tok/s a user gets: the server's output rate shared by the requests in flight (total_tok_s over the
 # average number active). Not a request's own rate between its streamed events: on a server that delivers
 # in bursts (the CPU default) that span is near zero and the rate meaningless (docs/fidelity.md, section 5)

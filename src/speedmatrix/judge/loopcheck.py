@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from ..core.settings import section_defaults
+from ..core.status import Status
 from ..measure import loops
 from ..workloads import get as workload
 from . import lossless
@@ -136,17 +137,17 @@ def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str,
     reason = res.get("status_reason")  # a measurement's own verdict (client_bound: why)
     # Lossy before any other verdict on a measurement: whatever else held, the output measured is not the target's
     fidelity = lossless.for_cell(check, cell["cell"].get("sampling"))
-    if status != "over_capacity" and fidelity and fidelity["verdict"] == lossless.LOSSY:
-        also = "" if status == "valid" else f"; the measurement also {status.replace('_', '-')}: {reason}"
-        status, reason = "lossy", (f"speculative output is not the target's ({fidelity['label']}): "
+    if status != Status.OVER_CAPACITY and fidelity and fidelity["verdict"] == lossless.LOSSY:
+        also = "" if status == Status.VALID else f"; the measurement also {status.replace('_', '-')}: {reason}"
+        status, reason = Status.LOSSY, (f"speculative output is not the target's ({fidelity['label']}): "
                                    f"{fidelity['reason']}{also}")
-    if status == "valid" and fraction and (policy == "any" or (policy == "fraction" and fraction > max_fraction)):
-        status = "looped"
+    if status == Status.VALID and fraction and (policy == "any" or (policy == "fraction" and fraction > max_fraction)):
+        status = Status.LOOPED
         reason = f"{n_looped} of {n} requests looped"
     max_cv = float(section_defaults("stability", stability)["max_cv"])
-    unstable = stability_verdict(cell, max_cv) if status == "valid" else None
+    unstable = stability_verdict(cell, max_cv) if status == Status.VALID else None
     if unstable:
-        status, reason = "unstable", unstable
+        status, reason = Status.UNSTABLE, unstable
     # throughput over the requests that did not loop, beside the all-request figure
     # (the cell's own throughput, scaled by the share of its output tokens that came from non-looping requests)
     looped_ids = {p["request_index"] for p in per if p["looped"]}

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..core.status import Status
+
 if TYPE_CHECKING:  # types only: reading a table's percentiles needs no client
     from .client import RequestRecord
 
@@ -275,7 +277,7 @@ def combine(repeats: list[dict[str, Any]], worst: Iterable[str] = ()) -> dict[st
         else:
             out[key] = values[-1]
     # a repeat's verdict on its own measurement (client-bound: why) is the cell's
-    judged = next((r for r in repeats if r.get("status") not in (None, "valid")), None)
+    judged = next((r for r in repeats if r.get("status") not in (None, Status.VALID)), None)
     if judged is not None:
         out["status"], out["status_reason"] = judged["status"], judged.get("status_reason")
     if out.get("delivery_burst_share") is not None:

@@ -25,6 +25,7 @@ import pandas as pd
 
 from .. import workloads
 from ..core import fmt
+from ..core.status import USABLE, Status
 from ..judge import decide
 
 
@@ -34,7 +35,7 @@ def _kinds(flag: str) -> list[str]:
 
 
 def _valid(matrix: pd.DataFrame) -> pd.DataFrame:
-    return matrix[matrix["status"].isin(["valid", "unstable"])]  # unstable: a figure, with a wide spread
+    return matrix[matrix["status"].isin(USABLE)]  # unstable: a figure, with a wide spread
 
 
 def _none_if_empty(d: pd.DataFrame) -> pd.DataFrame | None:
@@ -50,9 +51,9 @@ def legend_filter(field: str) -> tuple[Any, Any]:
 
 def heatmap_data(d: pd.DataFrame) -> pd.DataFrame | None:
     d = d.copy()
-    d["label"] = [fmt.num(v) if s == "valid" else fmt.status(s) for s, v in zip(d["status"], d["total_tok_s"],
+    d["label"] = [fmt.num(v) if s == Status.VALID else fmt.status(s) for s, v in zip(d["status"], d["total_tok_s"],
                                                                                    strict=True)]
-    d["tok_s"] = d["total_tok_s"].where(d["status"] == "valid")
+    d["tok_s"] = d["total_tok_s"].where(d["status"] == Status.VALID)
     return d
 
 
@@ -150,7 +151,7 @@ def spec_sweep(d: pd.DataFrame) -> alt.Chart:
 
 def prefix_data(d: pd.DataFrame) -> pd.DataFrame | None:
     """Cold and warm pass per sharing ratio, one row each."""
-    d = d[d["status"] != "over_capacity"]
+    d = d[d["status"] != Status.OVER_CAPACITY]
     rows = []
     for r in d.itertuples():
         share = f"{float(r.shared_prefix):.1%} shared"
@@ -342,7 +343,7 @@ def rate_goodput(d: pd.DataFrame) -> alt.Chart:
 def lag_data(matrix: pd.DataFrame, requests: pd.DataFrame | None) -> pd.DataFrame | None:
     """Every counted open-loop request's send lag (sent minus scheduled), per rate cell, or per step of a sweep or
     search."""
-    kinds = matrix[matrix["workload"].isin(_kinds("open_loop")) & (matrix["status"] != "over_capacity")]
+    kinds = matrix[matrix["workload"].isin(_kinds("open_loop")) & (matrix["status"] != Status.OVER_CAPACITY)]
     if kinds.empty or requests is None or requests.empty or "scheduled_s" not in requests:
         return None
     keep = set(zip(kinds["server_id"], kinds["cell_id"]))
@@ -401,7 +402,7 @@ def session_turns(d: pd.DataFrame) -> alt.Chart:
 
 def replay_data(matrix: pd.DataFrame, requests: pd.DataFrame | None) -> pd.DataFrame | None:
     """Every replay cell's requests counted over time: as the trace scheduled them and as the client sent them."""
-    cells = matrix[matrix["workload"].isin(_kinds("reads_trace")) & (matrix["status"] != "over_capacity")]
+    cells = matrix[matrix["workload"].isin(_kinds("reads_trace")) & (matrix["status"] != Status.OVER_CAPACITY)]
     if cells.empty or requests is None or requests.empty or "scheduled_s" not in requests:
         return None
     out = []

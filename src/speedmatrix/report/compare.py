@@ -18,6 +18,7 @@ import pandas as pd
 from .. import workloads
 from ..core import atomic, fmt
 from ..core.runfolder import RunFolder
+from ..core.status import USABLE, Status
 from ..core.table import Figure, Heading, Para, Table, markdown
 from ..judge import decide
 from . import charts, document, sections
@@ -69,9 +70,9 @@ def matched(a: pd.DataFrame, b: pd.DataFrame, match: str = "server", server_a: s
 
 def shown(value, status: str, show) -> str:
     """A figure where the cell has one (an unstable one marked), else its status."""
-    if status == "valid":
+    if status == Status.VALID:
         return show(value)
-    return f"{show(value)} (Unstable)" if status == "unstable" else fmt.status(status)
+    return f"{show(value)} (Unstable)" if status == Status.UNSTABLE else fmt.status(status)
 
 
 def table(both: pd.DataFrame) -> Table:
@@ -89,7 +90,7 @@ def table(both: pd.DataFrame) -> Table:
         for col, _, show in FIGURES:
             va, vb = getattr(r, f"{col}_a"), getattr(r, f"{col}_b")
             sa, sb = r.status_a, r.status_b
-            usable = ("valid", "unstable")  # unstable: a figure, with a wide spread (marked)
+            usable = USABLE  # unstable: a figure, with a wide spread (marked)
             vals += [shown(va, sa, show), shown(vb, sb, show),
                      fmt.delta(va, vb) if sa in usable and sb in usable else "—"]
         t.add(*vals)
@@ -101,7 +102,7 @@ def chart(both: pd.DataFrame, label_a: str, label_b: str) -> alt.Chart:
     for r in both.itertuples():
         cell = f"{r.server_id} {r.cell_id}"
         for side, label in (("a", label_a), ("b", label_b)):
-            if getattr(r, f"status_{side}") == "valid":
+            if getattr(r, f"status_{side}") == Status.VALID:
                 rows.append({"cell": cell, "run": label, "tok_s": getattr(r, f"total_tok_s_{side}")})
     d = pd.DataFrame(rows, columns=["cell", "run", "tok_s"])
     return alt.Chart(d).mark_bar().encode(

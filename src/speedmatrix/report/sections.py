@@ -10,8 +10,10 @@ import pandas as pd
 
 from .. import workloads
 from ..core import fmt
+from ..core.status import NEEDS_A_LOOK, USABLE, Status
 from ..core.table import Para, Table, slug
 from ..jobs.gates import GATES
+from ..judge import lossless
 from ..judge.loopcheck import steps_of
 from ..peers import OURS, normalized
 
@@ -76,7 +78,6 @@ def latency(r: Any, column: str) -> str:
 # ---- the summary: the answer first ------------------------------------------------------------------------------
 
 # the statuses whose cells a reader should look at before trusting the run (the summary lists them)
-NEEDS_A_LOOK = ("client_bound", "saturated", "looped", "unstable", "lossy")
 
 
 def cell_anchor(server_id: str, cell_id: str) -> str:
@@ -95,7 +96,7 @@ def spec_versus_plain(m: pd.DataFrame) -> pd.DataFrame:
     """Each usable sustained-decode cell of a speculative config beside the same cell of a config of the same
     model without speculation (the first such): both figures and the change."""
     closed_loop = m["workload"].map(lambda w: workloads.get(w).cut_at_window_end)
-    usable = m[closed_loop & m["status"].isin(("valid", "unstable"))]
+    usable = m[closed_loop & m["status"].isin(USABLE)]
     plain = usable[usable["spec_tokens"] == 0].drop_duplicates(["cell_id", "model"])
     spec = usable[usable["spec_tokens"] > 0]
     both = spec.merge(plain[["cell_id", "model", "total_tok_s"]], on=["cell_id", "model"], suffixes=("", "_plain"))
@@ -150,7 +151,7 @@ def full_table(m: pd.DataFrame) -> Table:
                "Measured for", "Loop fraction", "Total tok/s without looping requests"])
     for r in by_phase(m, "context_tokens", "concurrency").itertuples():
         kind = workloads.get(r.workload)
-        measured = r.status != "over_capacity"
+        measured = r.status != Status.OVER_CAPACITY
 
         def shown(text: str, measured: bool = measured) -> str:
             return text if measured else "—"
@@ -185,7 +186,7 @@ class _Sweep:
         self.rows = rows
         self.paths = list(rows[0].sweep_values)
         self.heads = [_vary_header(pth) for pth in self.paths]
-        self.valid = m[m["status"] != "over_capacity"]
+        self.valid = m[m["status"] != Status.OVER_CAPACITY]
         first = m[m["server_id"] == rows[0].id].sort_values(["workload", "context_tokens", "concurrency"])
         self.cells = list(first.itertuples())
         self.spec = any(s.spec_tokens for s in rows)
@@ -201,7 +202,7 @@ class _Sweep:
     def status_or(r: Any, text: str) -> str:
         if r is None:
             return "Over capacity"
-        return text if r["status"] == "valid" else fmt.status(r["status"])
+        return text if r["status"] == Status.VALID else fmt.status(r["status"])
 
     @staticmethod
     def value(r: Any, key: str, how=fmt.ms) -> str:
@@ -287,7 +288,7 @@ def speculative_table(m: pd.DataFrame) -> Table | None:
     the client's (whole output and before loops) and output tok/s against the same cell without speculation
     (a config of the same model with no drafter; the first such config)."""
     closed_loop = m["workload"].map(lambda w: workloads.get(w).cut_at_window_end)  # sustained decode
-    dec = m[closed_loop & (m["status"] != "over_capacity")]
+    dec = m[closed_loop & (m["status"] != Status.OVER_CAPACITY)]
     spec = dec[dec["spec_tokens"] > 0]
     if spec.empty:
         return None
@@ -305,7 +306,7 @@ def speculative_table(m: pd.DataFrame) -> Table | None:
         t.add(f"`{r.server_id}`", method or "—", f"`{r.cell_id}`", str(int(r.spec_tokens)),
               fmt.pct(r.spec_acceptance_rate),
               fmt.whole(r.spec_acceptance_length, "{:.2f}"), per_text, fmt.pct(client_all), fmt.pct(client_before),
-              fmt.num(r.total_tok_s) + ("" if r.status == "valid" else f" ({fmt.status(r.status)})"),
+              fmt.num(r.total_tok_s) + ("" if r.status == Status.VALID else f" ({fmt.status(r.status)})"),
               fmt.delta(base_tok, r.total_tok_s))
     return t
 
@@ -318,7 +319,7 @@ def spread_table(m: pd.DataFrame) -> Table | None:
     """Cells measured several times (``repeats``): each repeat's figure, the median, its interval and CV."""
     if "repeats" not in m:
         return None
-    d = m[(pd.to_numeric(m["repeats"]).fillna(1) > 1) & (m["status"] != "over_capacity")]
+    d = m[(pd.to_numeric(m["repeats"]).fillna(1) > 1) & (m["status"] != Status.OVER_CAPACITY)]
     if d.empty:
         return None
     t = Table(["Server config", "Cell", "Repeats", "Total tok/s (each repeat)", "Median", "95 % interval", "CV",
@@ -505,18 +506,18 @@ def lossless_notes(checks: list[dict[str, Any]], m: pd.DataFrame, device: str, e
     """What the verdicts mean here: each Lossy setting's reason, the configs left unchecked, and on the CPU
     what a Lossy sampled verdict says about benchmarking speculation there."""
     notes = [f"`{d['server_id']}`, {v['label']}: {v['reason']}." for d in checks for v in d["settings"]
-             if v["verdict"] == "lossy"]
+             if v["verdict"] == lossless.LOSSY]
     checked = {d["server_id"] for d in checks}
     spec = sorted(set(m.loc[m["spec_tokens"] > 0, "server_id"]) - checked) if "spec_tokens" in m else []
     if spec:
         why = ("no config of the experiment has the same model and arguments without speculation to compare with; "
                "add one to check them" if enabled else "the experiment turns the check off: `lossless.enabled`")
         notes.append(f"Not checked: {', '.join(f'`{s}`' for s in spec)} ({why}).")
-    lossy_sampled = any(v["verdict"] == "lossy" and not v["greedy"] for d in checks for v in d["settings"])
+    lossy_sampled = any(v["verdict"] == lossless.LOSSY and not v["greedy"] for d in checks for v in d["settings"])
     if lossy_sampled and device == "cpu":
-        notes.append("On vLLM for the CPU, sampled requests through a speculative config do not keep the target's "
-                     "distribution (greedy ones do): benchmark speculation there greedy; a sampled speculative "
-                     "figure measures another model's output (docs/fidelity.md).")
+        notes.append("On vLLM for the CPU, sampled requests through a speculative config did not keep the target's "
+                     "distribution here, as in most recorded runs (greedy ones do): benchmark speculation there "
+                     "greedy; a sampled speculative figure measures another model's output (docs/fidelity.md).")
     return notes
 
 
@@ -555,7 +556,7 @@ def loop_policy_text(m: pd.DataFrame, settings: dict[str, Any]) -> str:
             "fraction": f"a cell is Looped when more than {float(settings.get('max_loop_fraction', 0.1)):.0%} of "
                         "its requests loop",
             "flag_only": "looping is reported and never changes a cell's status"}.get(policy, policy)
-    sent = m[m.status != "over_capacity"]
+    sent = m[m.status != Status.OVER_CAPACITY]
     looped = int(sent.looped_requests.fillna(0).sum()) if "looped_requests" in sent else 0
     total = int(sent.num_requests.fillna(0).sum())
     unreliable = int((sent.spec_acceptance_reliable == False).sum())  # noqa: E712

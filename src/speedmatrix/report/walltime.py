@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from ..core.atomic import read_json, read_jsonl
+from ..core.status import Status
 
 STAMP = re.compile(r"^\[(\d\d):(\d\d):(\d\d)(\.\d+)?\]")
 
@@ -88,7 +89,7 @@ def _cell_figures(run: Path) -> tuple[int, float, float, bool, list[tuple[float,
         res = read_json(f).get("result", {})
         windows += float(res.get("measured_s") or 0.0)
         cells += 1
-        if res.get("status") != "over_capacity":
+        if res.get("status") != Status.OVER_CAPACITY:
             sending_known &= res.get("requests_s") is not None
             sending += max(float(res.get("requests_s") or 0.0), float(res.get("measured_s") or 0.0))
         if res.get("measured_s"):

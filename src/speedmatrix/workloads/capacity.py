@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core import fmt
+from ..core.status import Status
 from ..core.table import Table
 from ..measure import client, stats
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
@@ -35,7 +36,7 @@ class Capacity(Workload):
     def report_table(self, m) -> Table:
         t = Table(["Context", "Concurrency", "Status", "Output tok/s", "TTFT p50", "TTFT p95", "Completed"])
         for r in m.sort_values(["context_tokens", "concurrency"]).itertuples():
-            ok = r.status != "over_capacity"
+            ok = r.status != Status.OVER_CAPACITY
             t.add(fmt.ctx(int(r.context_tokens)), int(r.concurrency), fmt.status(r.status),
                   fmt.num(r.total_tok_s) if ok else "—", fmt.ms(r.ttft_ms) if ok else "—",
                   fmt.ms(r.p95_ttft_ms) if ok else "—", fmt.integer(r.completed_requests) if ok else "—")

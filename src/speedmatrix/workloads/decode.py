@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 from ..core import fmt
+from ..core.status import Status
 from ..core.table import Table
 from ..measure import client, stats, telemetry
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
@@ -110,9 +111,9 @@ class Decode(Workload):
                     row.append("")
                     continue
                 r = hit.iloc[0]
-                if r["status"] == "valid":
+                if r["status"] == Status.VALID:
                     row.append(fmt.num(r["total_tok_s"]))
-                elif r["status"] == "unstable":
+                elif r["status"] == Status.UNSTABLE:
                     row.append(f"{fmt.num(r['total_tok_s'])} (Unstable)")
                 else:
                     row.append(fmt.status(r["status"]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core import fmt
+from ..core.status import Status
 from ..core.table import Table
 from ..measure import client, metrics, stats
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
@@ -93,7 +94,7 @@ class PrefixCache(Workload):
                                ascending=[False, True, True]).itertuples():
             share = fmt.share(r.shared_prefix)
             ctx, conc = fmt.ctx(int(r.context_tokens)), int(r.concurrency)
-            if r.status == "over_capacity":
+            if r.status == Status.OVER_CAPACITY:
                 t.add(f"Shared prefix {share}", ctx, conc, "Over capacity", "", "", "")
                 continue
             t.add(f"Shared prefix {share} — cold", ctx, conc, fmt.ms(r.cold_mean_ttft_ms), fmt.ms(r.cold_ttft_ms),

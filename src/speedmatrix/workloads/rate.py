@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..core import fmt
+from ..core.status import Status
 from ..core.table import Table
 from ..measure import arrivals
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
@@ -39,7 +40,7 @@ def arrival_of(cell: Cell) -> arrivals.Arrival:
 
 def rate_point(row: Any, series: str) -> list[dict[str, Any]]:
     """An open-loop cell's matrix row as one point of goodput against offered rate (none if it was not sent)."""
-    if row.status == "over_capacity":
+    if row.status == Status.OVER_CAPACITY:
         return []
     return [{"series": series, "offered_rate_rps": row.offered_rate_rps, "achieved_rate_rps": row.achieved_rate_rps,
              "output_tok_s": row.total_tok_s, "goodput_tok_s": row.goodput_tok_s, "slo": row.slo,
@@ -109,10 +110,10 @@ class Rate(Workload):
                      f"{cell.context_tokens}")
         records, figures = await send_on_schedule(run, arrival, schedule, prompts)
         if figures["client_bound"]:
-            figures["status"] = "client_bound"
+            figures["status"] = Status.CLIENT_BOUND
             figures["status_reason"] = figures["client_bound_reason"]
         elif figures["saturated"]:
-            figures["status"] = "saturated"
+            figures["status"] = Status.SATURATED
             figures["status_reason"] = figures["saturation_reason"]
         return Measured(figures, records)
 
@@ -131,7 +132,7 @@ class Rate(Workload):
         t = Table(["Context", "Rate", "Status", "Offered / scheduled / achieved req/s", "Send lag p50 / p95 / max",
                    "Output tok/s", "Goodput tok/s (target)", "TTFT p50", "TTFT p95", "Completed"])
         for r in m.sort_values(["context_tokens", "offered_rate_rps"]).itertuples():
-            ok = r.status != "over_capacity"
+            ok = r.status != Status.OVER_CAPACITY
             rates = " / ".join(fmt.num(v) for v in (r.offered_rate_rps, r.scheduled_rate_rps, r.achieved_rate_rps))
             lag = " / ".join(fmt.ms(v) for v in (r.schedule_lag_p50_ms, r.schedule_lag_p95_ms, r.schedule_lag_max_ms))
             goodput = f"{fmt.num(r.goodput_tok_s)} ({r.slo})" if ok and not fmt.missing(r.slo) else "—"

@@ -22,6 +22,7 @@ import json
 from typing import Any
 
 from ..core import fmt
+from ..core.status import Status
 from ..core.table import Table
 from ..measure import arrivals, client, slo, stats
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
@@ -46,8 +47,8 @@ def step_row(step: int, profile: str, records: list[client.RequestRecord], windo
              figures: dict[str, Any], rate: float | None = None, concurrency: int | None = None) -> dict[str, Any]:
     """One step of the sweep as the result keeps it."""
     judged = slo.evaluate(frame([r for r in records if r.counted]), target, window_s)
-    status = ("client_bound" if figures.get("client_bound") else "saturated" if figures.get("saturated")
-              else "valid")
+    status = (Status.CLIENT_BOUND if figures.get("client_bound") else Status.SATURATED if figures.get("saturated")
+              else Status.VALID)
     return {"step": step, "profile": profile, "offered_rate_rps": rate, "concurrency": concurrency,
             "requests": figures.get("counted_requests", len(records)), "window_s": window_s,
             "request_rate_rps": figures.get("request_throughput"),

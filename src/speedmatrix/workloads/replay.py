@@ -18,6 +18,7 @@ from typing import Any
 
 from ..core import fmt
 from ..core.errors import CellError
+from ..core.status import Status
 from ..core.table import Table
 from ..measure import arrivals, traces
 from ..measure.prompts import Tagged
@@ -109,9 +110,9 @@ class Replay(Workload):
         figures["theoretical_prefix_hit_rate"] = hits["hit_rate"]
         figures["theoretical_prefix_hit_rate_unbounded"] = traces.prefix_hits(fit, o["token_scale"], None)["hit_rate"]
         if figures["client_bound"]:
-            figures["status"], figures["status_reason"] = "client_bound", figures["client_bound_reason"]
+            figures["status"], figures["status_reason"] = Status.CLIENT_BOUND, figures["client_bound_reason"]
         elif figures["saturated"]:
-            figures["status"], figures["status_reason"] = "saturated", figures["saturation_reason"]
+            figures["status"], figures["status_reason"] = Status.SATURATED, figures["saturation_reason"]
         return Measured(figures, records)
 
     def slo_scope(self, result: dict[str, Any]) -> tuple[str | None, float | None]:
@@ -133,7 +134,7 @@ class Replay(Workload):
                    "Send lag p95", "TTFT p50 / p95", "Output tok/s", "Prefix hits: theoretical (unbounded)",
                    "Measured: counters / cached tokens"])
         for r in m.sort_values(["corpus", "time_scale"]).itertuples():
-            if r.status == "over_capacity":
+            if r.status == Status.OVER_CAPACITY:
                 continue
             cached = r.cached_prompt_share
             t.add(r.corpus, f"x{fmt.num(r.time_scale)}", fmt.status(r.status),

@@ -30,6 +30,7 @@ import pandas as pd
 
 from ..core import fmt
 from ..core.errors import CellError
+from ..core.status import Status
 from ..core.table import Table
 from ..measure import client, slo, stats
 from .base import Cell, CellRun, Measured, Workload, register, sampling_of
@@ -182,7 +183,7 @@ class Sessions(Workload):
         t = Table(["Context", "Users", "Turn", "Prompt tokens", "TTFT p50", "TTFT p95", "Cached (server)",
                    "Sessions completed", "Sessions within target", "History/KV"])
         for r in m.sort_values(["context_tokens", "concurrency"]).itertuples():
-            if r.status == "over_capacity" or not isinstance(r.session_turns, str):
+            if r.status == Status.OVER_CAPACITY or not isinstance(r.session_turns, str):
                 continue
             for s in json.loads(r.session_turns):
                 first = s["turn"] == 1
