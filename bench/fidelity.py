@@ -21,6 +21,7 @@ relative differences) to --out; docs/fidelity.md reports them.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -37,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from speedmatrix import peers  # noqa: E402
-from speedmatrix.measure import metrics  # noqa: E402
+from speedmatrix.measure import client, metrics  # noqa: E402
 from speedmatrix.plan import experiment  # noqa: E402
 from speedmatrix.serve import runtimes  # noqa: E402
 from speedmatrix.serve.procs import end_group, free_port, group_members  # noqa: E402
@@ -49,8 +50,12 @@ SHAPES = [(256, 128, 128, 8), (1024, 64, 24, 1), (128, 128, 256, 32)]
 
 
 def scrape(url: str) -> float:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
-        return metrics.total(metrics.parse(resp.read().decode()), "vllm:generation_tokens_total")
+    """The server's generation-token counter, read as a cell reads it (``client.scrape``)."""
+    async def read() -> dict:
+        async with client.control_session(timeout_s=30) as session:
+            return await client.scrape(session, url)
+
+    return metrics.total(asyncio.run(read()), "vllm:generation_tokens_total")
 
 
 def start_server(models_dir: str) -> tuple[subprocess.Popen, str, Path]:

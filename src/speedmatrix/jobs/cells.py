@@ -45,23 +45,6 @@ def needed_kv_tokens(cell: Cell) -> int:
     return cell.kind.needed_kv_tokens(cell)
 
 
-async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
-    """The server's Prometheus samples; {} when it has no /metrics (then every counter field is absent)."""
-    try:
-        async with session.get(f"{url}/metrics", headers=client.auth_headers()) as resp:
-            if resp.status != 200:
-                return {}
-            return metrics.parse(await resp.text())
-    except (aiohttp.ClientError, ValueError):
-        return {}
-
-
-def _in_flight(samples: dict[str, Any]) -> tuple[float, float] | None:
-    running = metrics.total(samples, metrics.GAUGES["running"])
-    waiting = metrics.total(samples, metrics.GAUGES["waiting"])
-    return None if running is None or waiting is None else (running, waiting)
-
-
 async def wait_until_idle(session: aiohttp.ClientSession, url: str, wait_s: float,
                           progress: Callable[[str], None]) -> dict[str, Any]:
     """The server's samples once it has no request running or waiting; CellError if it stays busy.
@@ -73,8 +56,8 @@ async def wait_until_idle(session: aiohttp.ClientSession, url: str, wait_s: floa
     deadline = time.monotonic() + wait_s
     said = False
     while True:
-        samples = await scrape(session, url)
-        busy = _in_flight(samples)
+        samples = await client.scrape(session, url)
+        busy = metrics.in_flight(samples)
         if busy is None or sum(busy) == 0:
             return samples
         if time.monotonic() >= deadline:
@@ -102,9 +85,9 @@ class GaugeSampler:
         self._task: asyncio.Task | None = None
 
     async def _run(self) -> None:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        async with client.control_session(timeout_s=10) as session:
             while True:
-                got = _in_flight(await scrape(session, self.url))
+                got = metrics.in_flight(await client.scrape(session, self.url))
                 if got is None:
                     return  # no gauges: nothing to sample
                 self.samples.append(got)
@@ -131,8 +114,8 @@ class GaugeSampler:
 
 
 async def _counters(url: str) -> dict[str, Any]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        return await scrape(session, url)
+    async with client.control_session() as session:
+        return await client.scrape(session, url)
 
 
 def request_options(cell: Cell, settings: ClientSettings, loop_cfg: dict[str, Any] | None = None,
@@ -354,9 +337,8 @@ async def measure(cell: Cell, inp: MeasureInput) -> tuple[dict[str, Any], list[c
     busy_wait_s = float(settings.busy_wait_s)
     nonce = secrets.token_hex(4)
     # this HTTP session stays open through the measurement: it builds text prompts a decode cell needs late
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60),
-                                     connector=aiohttp.TCPConnector(keepalive_timeout=SESSION_KEEPALIVE_S)) as session:
-        before_raw = await scrape(session, url)
+    async with client.control_session(keepalive_s=SESSION_KEEPALIVE_S) as session:
+        before_raw = await client.scrape(session, url)
         kv = metrics.cache_info(before_raw)["kv_cache_size_tokens"] or inp.kv_tokens_fallback
         need = needed_kv_tokens(cell)
         base = _asked(opts, settings, nonce, cell) | {"kv_cache_size_tokens": kv, "needed_kv_tokens": need,
@@ -376,7 +358,7 @@ async def measure(cell: Cell, inp: MeasureInput) -> tuple[dict[str, Any], list[c
             raise
         gpu_summary = gpu.stop(figures.get("total_output_tokens"))
     gauges = await sampler.stop()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+    async with client.control_session() as session:
         # every request of the cell has ended on the client; the server must drain too (a request cut
         # at a decode window's end is aborted within moments); still busy means someone else's requests
         after_raw = await wait_until_idle(session, url, busy_wait_s, progress)
@@ -394,7 +376,7 @@ async def measure(cell: Cell, inp: MeasureInput) -> tuple[dict[str, Any], list[c
         **base,
         "status": Status.VALID,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_wall)),
-        "server_running_before": (_in_flight(before_raw) or (None,))[0],
+        "server_running_before": (metrics.in_flight(before_raw) or (None,))[0],
         **figures,
         **counters,
         **gauges,

@@ -155,7 +155,7 @@ def ask(tgt: Target, requests: dict[str, dict[str, Any]], cache: Path) -> tuple[
         f = cache / f"{_key(tgt.pin, req)}.json"
         if f.is_file():
             try:
-                answers[sid] = json.loads(f.read_text())
+                answers[sid] = atomic.read_json(f)
                 continue
             except ValueError:
                 pass
@@ -211,7 +211,7 @@ def model_config(exp: Experiment, name: str, models_dir: str | Path) -> dict[str
     if cfg_path is None or not cfg_path.is_file():
         return None
     try:
-        return json.loads(cfg_path.read_text())
+        return atomic.read_json(cfg_path)
     except ValueError:
         return None
 

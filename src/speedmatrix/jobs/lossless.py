@@ -15,13 +15,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import aiohttp
-
 from ..core import atomic, http
 from ..core.errors import CellError
 from ..judge import lossless as verdicts
 from ..measure import client, metrics, prompts
-from . import cells
 from .job import JobContext
 
 NONCE = "lossless"  # the same prompts on both servers, in every run
@@ -46,16 +43,16 @@ async def _generate(url: str, model: str, ids: list[list[int]], sampling: dict[s
 
 async def _generate_all(url: str, model: str, settings: list[str], check: dict[str, Any],
                         progress) -> dict[str, Any]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+    async with client.control_session() as session:
         source = await prompts.from_server(session, url, model, seed=0, kind=check["corpus"], nonce=NONCE,
                                            headers=client.auth_headers())
         ids = [source.prompt(i, int(check["context_tokens"])) for i in range(int(check["prompts"]))]
         out = {}
         for key in settings:
             sampling = verdicts.sampling_of(key)
-            before = await cells.scrape(session, url)  # the server's counters ({} without /metrics)
+            before = await client.scrape(session, url)  # the server's counters ({} without /metrics)
             outputs = await _generate(url, model, ids, sampling, int(check["max_tokens"]))
-            after = await cells.scrape(session, url)
+            after = await client.scrape(session, url)
             acceptance = (metrics.delta(metrics.snapshot(before), metrics.snapshot(after))
                           .get("spec_decode_acceptance_rate") if before else None)
             progress(f"{verdicts.label(sampling)}: {len(outputs)} requests, {sum(map(len, outputs)):,} tokens"

@@ -12,14 +12,13 @@ never written anywhere.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import secrets
 import shutil
 import subprocess
 from pathlib import Path
 
-from ..core import fmt
+from ..core import atomic, fmt
 from ..plan.experiment import Experiment
 from . import reference
 
@@ -97,7 +96,7 @@ def moved_tag(exp: Experiment, lock_path: str | Path) -> str | None:
     if rt["kind"] not in ("docker", "apptainer") or not lock_path.is_file():
         return None
     try:
-        lock = json.loads(lock_path.read_text())
+        lock = atomic.read_json(lock_path)
         if not lock.get("tag") or lock.get("image") != rt.get("image"):
             return None
         _, now = registry.resolve(rt["image"], rt.get("registry"), timeout=10)
@@ -119,7 +118,7 @@ def recorded_run(exp: Experiment, record: Path = RECORD) -> str | None:
     starts, where the record is of the experiment as it is now (the same digest); else None."""
     if not record.exists():
         return None
-    rec = json.loads(record.read_text())
+    rec = atomic.read_json(record)
     if rec.get("experiment") != exp.name or rec.get("experiment_digest") != exp.digest():
         return None
     return (f"the last recorded run of {exp.name} ({record.parent}/) had {rec['jobs']} jobs and took "

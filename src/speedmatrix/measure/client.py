@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from . import metrics
 from .loops import OnlineWatch
 
 API_KEY_ENV = "SPEEDMATRIX_API_KEY"
@@ -441,6 +442,25 @@ def _tracing() -> aiohttp.TraceConfig:
     trace = aiohttp.TraceConfig()
     trace.on_request_chunk_sent.append(_body_sent)
     return trace
+
+
+def control_session(timeout_s: float = 60.0, keepalive_s: float | None = None) -> aiohttp.ClientSession:
+    """One HTTP session for a server's control endpoints (``/metrics``, ``/tokenize``, ``/detokenize``), not for
+    measuring: each call ends within ``timeout_s``; ``keepalive_s`` keeps its connection for later calls."""
+    connector = aiohttp.TCPConnector(keepalive_timeout=keepalive_s) if keepalive_s is not None else None
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s), connector=connector)
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    """The server's Prometheus samples (``metrics.parse``); {} when it has no /metrics (then every counter field is
+    absent)."""
+    try:
+        async with session.get(f"{url}/metrics", headers=auth_headers()) as resp:
+            if resp.status != 200:
+                return {}
+            return metrics.parse(await resp.text())
+    except (aiohttp.ClientError, ValueError):
+        return {}
 
 
 def session_for(concurrency: int | None) -> aiohttp.ClientSession:

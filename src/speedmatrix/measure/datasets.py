@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core import atomic
 from ..core.errors import DatasetError
 
 BUILTIN_CORPORA = ("prose", "code")
@@ -58,9 +59,9 @@ def _rows_of_file(path: Path) -> list[dict[str, Any]]:
 
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return atomic.read_jsonl(path)
     if suffix == ".json":
-        data = json.loads(path.read_text())
+        data = atomic.read_json(path)
         return data if isinstance(data, list) else [data]
     if suffix == ".csv":
         return pd.read_csv(path, keep_default_na=False).to_dict("records")

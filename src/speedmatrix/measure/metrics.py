@@ -119,3 +119,10 @@ def delta(before: dict[str, float | None], after: dict[str, float | None]) -> di
         [v / drafts for _, v in positions] if positions and drafts else None
     )
     return out
+
+
+def in_flight(samples: dict[str, Any]) -> tuple[float, float] | None:
+    """The server's requests running and waiting, or None where it has no such gauges."""
+    running = total(samples, GAUGES["running"])
+    waiting = total(samples, GAUGES["waiting"])
+    return None if running is None or waiting is None else (running, waiting)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..core import atomic
 from .base import Load, Peer
 
 
@@ -54,7 +55,7 @@ class AIPerf(Peer):
         return dict(environ)
 
     def parse(self, work: Path) -> dict[str, Any]:
-        d = json.loads(next((work / "artifacts").rglob("profile_export_aiperf.json")).read_text())
+        d = atomic.read_json(next((work / "artifacts").rglob("profile_export_aiperf.json")))
 
         def stat(key: str, which: str) -> float | None:
             v = d.get(key)

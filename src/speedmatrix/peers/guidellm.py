@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..core import atomic
 from .base import Load, Peer
 
 
@@ -49,7 +50,7 @@ class GuideLLM(Peer):
         return [*python, "-m", "guidellm", "run", "--scenario", str(path), "--disable-progress"]
 
     def parse(self, work: Path) -> dict[str, Any]:
-        b = json.loads((work / "guidellm.json").read_text())["benchmarks"][0]
+        b = atomic.read_json(work / "guidellm.json")["benchmarks"][0]
         m = b["metrics"]
 
         def ok(key: str, which: str) -> float | None:

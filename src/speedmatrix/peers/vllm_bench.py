@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..core import atomic
 from .base import FIELDS, Load, Peer
 
 
@@ -41,7 +42,7 @@ class VllmBenchServe(Peer):
         return {**environ, "OPENAI_API_KEY": api_key} if api_key else dict(environ)  # its bearer token
 
     def parse(self, work: Path) -> dict[str, Any]:
-        r = json.loads((work / "result.json").read_text())
+        r = atomic.read_json(work / "result.json")
         return {k: r.get(k) for k in FIELDS}
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import json
 import re
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core import atomic
 from ..core.atomic import write_json
 from ..core.errors import BundleError
 from ..core.host import CHECKOUT
@@ -214,4 +214,4 @@ def read(out: Path) -> dict:
     path = out / "bundle.json"
     if not path.is_file():
         raise BundleError(f"{out}: not a bundle (no bundle.json); make one with `make bundle BUNDLE={out}`")
-    return json.loads(path.read_text())
+    return atomic.read_json(path)

@@ -239,14 +239,14 @@ def synthesize(preset: str, out_dir: str | Path, overrides: dict[str, Any] | Non
 
 
 def load_manifest(model_dir: str | Path) -> dict:
-    return json.loads((Path(model_dir) / MANIFEST).read_text())
+    return atomic.read_json(Path(model_dir) / MANIFEST)
 
 
 def eos_text(model_dir: str | Path) -> str | None:
     """The end-of-text token as text (``eos_token`` of tokenizer_config.json), or None if not stated."""
     path = Path(model_dir) / "tokenizer_config.json"
     try:
-        tok = json.loads(path.read_text()).get("eos_token")
+        tok = atomic.read_json(path).get("eos_token")
     except (OSError, ValueError):
         return None
     if isinstance(tok, dict):
@@ -334,7 +334,7 @@ def install_trained(shipped: str, out_dir: str | Path, root: Path | None = None)
     log_path = root / TRAINING_LOG
     if not log_path.exists():
         raise ModelError(f"no trained models at {root} (no {TRAINING_LOG}): `speedmatrix train-pair` trains them")
-    record = json.loads(log_path.read_text())
+    record = atomic.read_json(log_path)
     if shipped not in record.get("files", {}):
         raise ModelError(f"{root} has no trained model {shipped!r} (it has: {', '.join(record.get('files', {}))})")
     src = root / shipped

@@ -334,7 +334,7 @@ def run_training(out_dir: str | Path, changes: dict[str, Any] | None = None,
     atomic.write_json(out / LOG, record)
     # the EAGLE head for the target just trained (it adds its record and hashes to the log)
     run_eagle_training(out, changes, progress)
-    return json.loads((out / LOG).read_text())
+    return atomic.read_json(out / LOG)
 
 
 def shipped_hashes(root: Path) -> dict[str, dict[str, str]]:
@@ -547,7 +547,7 @@ def run_eagle_training(root: str | Path = SHIPPED, changes: dict[str, Any] | Non
     atomic.write_json(out / "config.json", config)
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):  # the target's, as they are
         atomic.write_bytes(out / name, (root / TARGET / name).read_bytes())
-    full = json.loads((root / LOG).read_text())
+    full = atomic.read_json(root / LOG)
     full["eagle"] = record
     full["files"][TRAINED_EAGLE] = file_hashes(out)
     atomic.write_json(root / LOG, full)

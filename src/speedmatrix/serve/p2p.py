@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..core import atomic
+
 # NVLink multicast stays off: on a host whose GPUs others share, a multicast fault can take every GPU down
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 P2P_TYPE_RE = re.compile(r"isAllDirectP2p (\d+)(?: directMode (\d+))? isAllCudaP2p (\d+)")
@@ -126,7 +128,7 @@ def run_check(gpus: int, size_mb: int = 256, iters: int = 20) -> dict[str, Any]:
                                    "--out", tmp], env=env) for r in range(gpus)]
         rcs = [p.wait(timeout=600) for p in procs]
         log = "\n".join(p.read_text(errors="replace") for p in sorted(Path(tmp).glob("nccl.*.log")))
-        bw = json.loads(Path(tmp, "bw.json").read_text()) if Path(tmp, "bw.json").exists() else None
+        bw = atomic.read_json(Path(tmp, "bw.json")) if Path(tmp, "bw.json").exists() else None
     nccl = parse_nccl_log(log)
     passed, reason = verdict(peer, nccl)
     if any(rcs):

@@ -11,7 +11,6 @@ once only on disjoint GPUs of a pool.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -161,6 +160,7 @@ def acquire(results_root: Path, experiment: str, server_id: str, launch: dict, i
     placement = placement or Placement()
     own_dir = RunFolder(results_root / experiment).server(server_id)
     waited, pending = 0.0, None
+    lease_hold = contextlib.ExitStack()  # the shared lease on the server, taken below
     while True:
         with device_lock(results_root):
             state_dir = own_dir
@@ -195,8 +195,8 @@ def acquire(results_root: Path, experiment: str, server_id: str, launch: dict, i
                 state_dir.mkdir(parents=True, exist_ok=True)
                 lease = state_dir / state.LEASE
                 lease.touch()
-                fh = open(lease, "rb")  # noqa: SIM115 (held until the cell ends, below)
-                fcntl.flock(fh, fcntl.LOCK_SH)  # before the device lock is let go: not idle from now on
+                # before the device lock is let go: not idle from now on (held until the cell ends, below)
+                lease_hold.enter_context(state.flocked(lease, shared=True))
                 break
         if waited % 30 < POLL_S * 2:
             progress(f"server {server_id} waits for {placement.need()} GPU(s): the pool's are held by "
@@ -215,7 +215,6 @@ def acquire(results_root: Path, experiment: str, server_id: str, launch: dict, i
                 info["beside"] = beside()
     finally:
         lease.touch()
-        fcntl.flock(fh, fcntl.LOCK_UN)
-        fh.close()
+        lease_hold.close()
 
 
