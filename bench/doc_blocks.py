@@ -1,4 +1,5 @@
-"""Write the generated blocks of a results README from the files of its folder.
+"""Write the generated blocks of a page: a results README's from the files of its folder, docs/metrics.md's from
+the declarations in the package.
 
 A README marks a block with the command that made it and the file it reads:
 
@@ -38,7 +39,19 @@ def speculation(path: Path) -> str:
     return markdown([table]).strip() + "\n" if table else "No speculative config in this matrix.\n"
 
 
-KINDS = {"speculation": speculation}
+def kind_columns(_: Path) -> str:
+    """docs/metrics.md's rows of the workload kinds' own columns, from each kind's declaration (``matrix_columns``):
+    a new kind's columns are documented by its module."""
+    from speedmatrix import workloads
+
+    rows = ["| Column | Unit | From the cell JSON | `vllm bench serve` key | What it is |", "|---|---|---|---|---|"]
+    for name in workloads.names():
+        for c in workloads.get(name).matrix_columns:
+            rows.append(f"| {c.name} | {c.unit} | {c.source} | {c.vllm_key} | {c.meaning} |")
+    return "\n".join(rows) + "\n"
+
+
+KINDS = {"speculation": speculation, "kind_columns": kind_columns}
 
 
 def render(readme: Path) -> str:

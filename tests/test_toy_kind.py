@@ -28,7 +28,7 @@ from typing import Any
 from ..core import fmt
 from ..core.table import Table
 from ..measure import client, stats
-from .base import Cell, CellRun, Measured, Workload, register
+from .base import Cell, CellRun, Column, Measured, Workload, register
 
 
 @register
@@ -38,7 +38,7 @@ class Toy(Workload):
     title = "Toy"
     blurb = "requests one at a time, with the spread of their output rates"
     one_at_a_time = True
-    matrix_columns = ("toy_rate_spread",)
+    matrix_columns = (Column("toy_rate_spread", "tok/s", "`toy_rate_spread`", "the spread of its requests' rates"),)
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         return [Cell(server_id, self.name, ctx, 1, block["max_tokens"], requests=block["requests"])

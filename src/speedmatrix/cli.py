@@ -82,8 +82,10 @@ def cmd_agree(ns: argparse.Namespace) -> int:
     if found:
         print("speedmatrix agree: " + "\n  ".join(found), file=sys.stderr)
         return 2
-    cell = workloads.get("capacity").manual_cell(ns.context, ns.concurrency, ns.requests, ns.max_tokens,
-                                                 None, None, "prose", 1, None)
+    # the load every client can send: N requests, C at once (the kind the reference rule measures closed-loop)
+    shape = next(workloads.get(n) for n in workloads.names()
+                 if workloads.get(n).reference and not workloads.get(n).open_loop)
+    cell = shape.manual_cell(ns.context, ns.concurrency, ns.requests, ns.max_tokens, None, None, "prose", 1, None)
     client_cfg = ClientSettings.from_config({"ignore_eos": True, "stall_timeout_s": 300, "prompt_format": "text"})
     runs = reference.compare(cell, ns.url.rstrip("/"), ns.model, ns.tokenizer, client_cfg, names, settings,
                              ns.rounds, api_key(), progress=lambda m: print(m, file=sys.stderr))
@@ -307,7 +309,8 @@ def _add_measure(sub) -> None:
                        "OPENAI_API_KEY (never from the command line, so it stays out of shell history and logs).")
     b.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     b.add_argument("--model", required=True, help="served model name")
-    b.add_argument("--workload", choices=[n for n in workloads.names() if workloads.get(n).by_hand], default="decode",
+    b.add_argument("--workload", choices=[n for n in workloads.names() if workloads.get(n).by_hand],
+                   default=next(n for n in workloads.names() if workloads.get(n).headline),
                    help="prefill: TTFT and prompt tok/s, one request at a time, prefix cache defeated; decode: a "
                    "closed loop of --concurrency requests for --duration seconds; capacity: --requests requests, "
                    "--concurrency at once; prefix_cache: --requests requests sharing --shared-prefix of the "

@@ -18,13 +18,22 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from .. import workloads
 from ..core.errors import ConfigError
 from ..core.status import Status
 
 STATUSES = (Status.VALID, Status.LOOPED, Status.OVER_CAPACITY)
+
+
+def _published_as(form: str) -> str:
+    """The kind a published file gives in this form ("grid": context x concurrency statuses; "rows": figures per
+    context), whose name is the file's table for it (``Workload.published``)."""
+    return next(n for n in workloads.names() if workloads.get(n).published == form)
+
+
 # a published file's tables, each named for the kind of cell it holds: the matrix (context x concurrency, with
 # statuses) and the per-context rows
-MATRIX_TABLE, ROWS_TABLE = "decode", "prefill"
+MATRIX_TABLE, ROWS_TABLE = _published_as("grid"), _published_as("rows")
 # a run's status as the published tables write it (unstable: a figure, with a wide spread)
 AS_PUBLISHED = {Status.VALID: Status.VALID, Status.UNSTABLE: Status.VALID, Status.LOOPED: Status.LOOPED,
                 Status.OVER_CAPACITY: Status.OVER_CAPACITY}

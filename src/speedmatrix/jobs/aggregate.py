@@ -118,7 +118,7 @@ COLUMNS: list[C] = [
     C("gpu_idle_power_w", PROVENANCE), C("gpu_energy_above_idle_per_output_token_j"),
     C("goodput_token_share"), C("gpu_energy_per_goodput_token_j"),
     # each workload kind's own columns (prefix cache: the cold pass; decode: the roofline)
-    *(C(c) for name in workloads.names() for c in workloads.get(name).matrix_columns),
+    *(C(c) for name in workloads.names() for c in workloads.get(name).column_names()),
 ]
 MATRIX_COLUMNS = [c.name for c in COLUMNS]
 # the columns read as they are, by the part of the cell's JSON they come from: column -> key

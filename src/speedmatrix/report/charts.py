@@ -372,7 +372,7 @@ def lag_distribution(d: pd.DataFrame) -> alt.Chart:
 
 def _kinds_with_column(column: str) -> set[str]:
     """The workload kinds that fill a matrix column of their own."""
-    return {n for n in workloads.names() if column in workloads.get(n).matrix_columns}
+    return {n for n in workloads.names() if column in workloads.get(n).column_names()}
 
 
 def session_data(matrix: pd.DataFrame) -> pd.DataFrame | None:
@@ -462,7 +462,7 @@ class Chart:
     data: Callable[..., pd.DataFrame | None]  # (matrix) or, for source "requests", (matrix, requests)
     draw: Callable[[pd.DataFrame], alt.Chart]
     empty: str  # what the placeholder says when there is no data
-    kind: str | None = None  # a chart of one workload kind gets only that kind's rows
+    trait: str | None = None  # a chart of the kinds with this trait (a Workload attribute) gets only their rows
     source: str = "matrix"  # "requests": drawn from requests.parquet (per-request views)
     # from the experiment alone: can this chart have data? (the workflow declares only those that can)
     applies: Callable[[Any], bool] = lambda exp: True
@@ -471,7 +471,7 @@ class Chart:
         """The rows the chart draws; past :data:`MAX_ROWS` (a GPU run's open-loop cells have tens of thousands of
         requests) every k-th of them, in their order, so that each cell keeps its share, and
         ``attrs["thinned"] = (k, all rows)``."""
-        rows = matrix if self.kind is None else matrix[matrix["workload"] == self.kind]
+        rows = matrix if self.trait is None else matrix[matrix["workload"].isin(_kinds(self.trait))]
         if not len(rows):
             return None
         d = self.data(rows, requests) if self.source == "requests" else self.data(rows)
@@ -507,7 +507,7 @@ def _throughput_cells(exp: Any) -> bool:
 
 CHARTS = [
     Chart("heatmap", "Sustained decode heatmap", heatmap_data, decode_heatmap, "no sustained-decode cells",
-          kind="decode", applies=lambda exp: "decode" in _kinds_in(exp)),
+          trait="headline", applies=lambda exp: bool(_kinds_in(exp) & set(_kinds("headline")))),
     Chart("throughput", "Throughput against concurrency", throughput_data, throughput_concurrency,
           "no valid decode or capacity cells", applies=_throughput_cells),
     Chart("ttft", "TTFT against context", ttft_data, ttft_context, "no prefill or latency cells",
@@ -516,7 +516,7 @@ CHARTS = [
           "no cell measured at more than one speculative-token setting",
           applies=lambda exp: len({s.spec_tokens for s in exp.servers}) > 1),
     Chart("prefix", "Prefix cache cold against warm", prefix_data, prefix_cache, "no prefix-cache cells",
-          kind="prefix_cache", applies=lambda exp: "prefix_cache" in _kinds_in(exp)),
+          trait="shared_prefix", applies=lambda exp: bool(_kinds_in(exp) & set(_kinds("shared_prefix")))),
     Chart("gpu", "GPU power and energy per token", gpu_data, gpu_telemetry,
           "no GPU telemetry (NVML absent: CPU run)", applies=lambda exp: exp.runtime["device"] != "cpu"),
     Chart("pareto", "Pareto frontier", pareto_data, pareto, "no valid capacity or decode cells",

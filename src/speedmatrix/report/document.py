@@ -54,7 +54,10 @@ def summary_blocks(matrix: pd.DataFrame, decisions: pd.DataFrame | None) -> list
     """The answer first: the statuses, each config's context x concurrency matrix, the best config per target,
     whether speculation pays, and the cells to look at before trusting a figure. The detail follows."""
     out: list[Block] = [Heading(2, "Summary"), Para(sections.status_counts(matrix))]
-    kind = next((workloads.get(n) for n in ("decode", "capacity") if (matrix["workload"] == n).any()), None)
+    # the seeds' speed-test matrix if the run has it, else the first kind with a tok/s at a concurrency
+    preferred = [n for n in workloads.names() if workloads.get(n).headline]
+    preferred += [n for n in workloads.names() if workloads.get(n).throughput and n not in preferred]
+    kind = next((workloads.get(n) for n in preferred if (matrix["workload"] == n).any()), None)
     if kind is not None:
         out += [Heading(3, f"{kind.title}, per server config"), Para(kind.blurb)]
         for sid in dict.fromkeys(matrix["server_id"]):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import pandas as pd
 
@@ -160,6 +160,18 @@ class Measured:
     passes: dict[str, dict[str, Any]] | None = None
 
 
+class Column(NamedTuple):
+    """One of a kind's own matrix columns, declared once on its kind: the name, the unit, where its value comes
+    from (the cell JSON's key in backticks, or how it is made), ``vllm bench serve``'s key where it has one, and
+    what it is. docs/metrics.md's rows of the kinds' columns are written from these (``bench/doc_blocks.py``)."""
+
+    name: str
+    unit: str
+    source: str
+    meaning: str
+    vllm_key: str = "—"
+
+
 class Workload:
     """A kind of cell. Subclasses set the class attributes and implement expand, prepare and measure."""
 
@@ -174,6 +186,12 @@ class Workload:
     one_at_a_time: ClassVar[bool] = False
     # a figure of output tok/s at a concurrency (throughput charts)
     throughput: ClassVar[bool] = False
+    # the seeds' speed-test matrix (context x concurrency): the report's heatmap and the summary's first matrix,
+    # and the kind ``speedmatrix measure`` measures unless told
+    headline: ClassVar[bool] = False
+    # how a published benchmark gives this kind's figures (``config/published/``, under the kind's name): "grid"
+    # (each context's statuses across concurrencies) or "rows" (figures of named cells); None: not published
+    published: ClassVar[str | None] = None
     # its requests are cut at a window's end: token counts per streamed event (usage_per_chunk: auto)
     cut_at_window_end: ClassVar[bool] = False
     # a decode roofline applies at concurrency 1 (speedmatrix.measure.telemetry.roofline)
@@ -190,8 +208,8 @@ class Workload:
     # reset: vLLM offers that only in its development mode; the prompts' nonces decide what can match)
     cache_state: ClassVar[str] = ("fresh: every prompt starts with its own nonce tokens, so no block cached "
                                   "before the cell (by other cells, runs or repeats) matches its prompts")
-    # extra matrix columns this kind fills (matrix_fields)
-    matrix_columns: ClassVar[tuple[str, ...]] = ()
+    # extra matrix columns this kind fills (matrix_fields), each with its unit and meaning
+    matrix_columns: ClassVar[tuple[Column, ...]] = ()
     # its cells are judged against the experiment's latency targets (speedmatrix.measure.slo): goodput, attainment
     slo: ClassVar[bool] = True
     # it searches for a load (slo_search): its concurrency is the search's upper bound, not a load it held
@@ -283,6 +301,10 @@ class Workload:
         raise NotImplementedError
 
     # ---- aggregation and report --------------------------------------------
+    @classmethod
+    def column_names(cls) -> tuple[str, ...]:
+        return tuple(c.name for c in cls.matrix_columns)
+
     def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
                       provenance: dict[str, Any]) -> dict[str, Any]:
         """This kind's own matrix columns (``matrix_columns``) from a cell's JSON."""

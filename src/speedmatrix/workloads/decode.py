@@ -9,7 +9,7 @@ from ..core import fmt
 from ..core.status import Status
 from ..core.table import Table
 from ..measure import client, stats, telemetry
-from .base import Cell, CellRun, Measured, Workload, register, sampling_of
+from .base import Cell, CellRun, Column, Measured, Workload, register, sampling_of
 
 FOOTNOTE = (
     "Looped: the model kept repeating the same text, so this measurement is discarded under the configured "
@@ -59,9 +59,15 @@ class Decode(Workload):
     blurb = "total tok/s · rows are context length, columns are simultaneous requests"
     footnote = FOOTNOTE
     throughput = True
+    headline = True
+    published = "grid"
     cut_at_window_end = True
     roofline = True
-    matrix_columns = ("roofline_bound_ms", "roofline_peak_bw_tb_s", "roofline_pct")
+    matrix_columns = (
+        Column("roofline_bound_ms", "ms", "derived", "decode at c1: weights over peak bandwidth"),
+        Column("roofline_peak_bw_tb_s", "TB/s", "data/gpu_peaks.yaml", "the GPU's peak memory bandwidth"),
+        Column("roofline_pct", "%", "derived", "the bound as a share of the measured time between tokens"),
+    )
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         return [Cell(server_id, self.name, ctx, c, block["max_tokens"], float(block["duration_s"]),
@@ -96,7 +102,7 @@ class Decode(Workload):
             return {}
         r = telemetry.roofline(provenance.get("model_weights_gib"), result.get("gpu_name"),
                                result.get("median_tbt_ms"))
-        return {k: (r or {}).get(k) for k in self.matrix_columns}
+        return {k: (r or {}).get(k) for k in self.column_names()}
 
     def report_table(self, m) -> Table:
         """Seed 002's "Sustained decode" table: rows = context, columns = concurrency."""

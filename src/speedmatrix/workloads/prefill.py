@@ -13,6 +13,7 @@ from .base import Cell, CellRun, Measured, Workload, register
 @register
 class Prefill(Workload):
     name = "prefill"
+    published = "rows"
     slo = False  # one-token requests: a prompt-length TTFT, no goodput to speak of
     order = 0
     title = "Prefill"

@@ -8,7 +8,7 @@ from ..core import fmt
 from ..core.status import Status
 from ..core.table import Table
 from ..measure import client, metrics, stats
-from .base import Cell, CellRun, Measured, Workload, register, sampling_of
+from .base import Cell, CellRun, Column, Measured, Workload, register, sampling_of
 
 PASSES = ("cold", "warm")
 
@@ -25,7 +25,12 @@ class PrefixCache(Workload):
     cache_state = ("a new shared part per cell (its own nonce): the cold pass finds none of it cached, the warm "
                    "pass what the cold pass left")
     # the main columns are the warm pass, these the cold pass
-    matrix_columns = ("cold_ttft_ms", "cold_mean_ttft_ms", "cold_total_tok_s", "cold_prefix_cache_hit_rate")
+    matrix_columns = (
+        Column("cold_ttft_ms", "ms", "`passes.cold`", "prefix cache: the cold pass's TTFT"),
+        Column("cold_mean_ttft_ms", "ms", "`passes.cold`", "prefix cache: the cold pass's TTFT"),
+        Column("cold_total_tok_s", "tok/s", "`passes.cold.output_throughput`", "prefix cache: the cold pass"),
+        Column("cold_prefix_cache_hit_rate", "fraction", "`passes.cold`", "prefix cache: the cold pass's hit rate"),
+    )
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         return [Cell(server_id, self.name, ctx, c, block["max_tokens"], requests=block["requests"],

@@ -17,7 +17,7 @@ from ..core import fmt
 from ..core.status import Status
 from ..core.table import Table
 from ..measure import arrivals
-from .base import Cell, CellRun, Measured, Workload, register, sampling_of
+from .base import Cell, CellRun, Column, Measured, Workload, register, sampling_of
 from .open_loop import send_on_schedule
 
 FOOTNOTE = (
@@ -60,9 +60,42 @@ class Rate(Workload):
     # vllm bench serve sends N requests at --request-rate with --burstiness (Poisson, gamma): the same arrivals
     reference = True
     stability_figure = "output_throughput"
-    matrix_columns = ("arrival", "offered_rate_rps", "scheduled_rate_rps", "achieved_rate_rps",
-                      "schedule_lag_p50_ms", "schedule_lag_p95_ms", "schedule_lag_max_ms", "counted_requests",
-                      "ttft_trend_rho", "ttft_growth", "in_flight_growth", "littles_law_ratio")
+    matrix_columns = (
+        Column("arrival", "—", "`arrival`",
+               "rate cells: constant, poisson or gamma<shape> (speedmatrix.measure.arrivals); their `concurrency` is "
+               "0: open loop, not held",
+               "`--burstiness` (1: poisson)"),
+        Column("offered_rate_rps", "requests/s", "`offered_rate_rps`",
+               "rate cells: the rate asked for",
+               "`--request-rate`"),
+        Column("scheduled_rate_rps", "requests/s", "`scheduled_rate_rps`",
+               "rate cells: the rate the seeded schedule drew, over the counted requests' scheduled times"),
+        Column("achieved_rate_rps", "requests/s", "`achieved_rate_rps`",
+               "rate cells: the rate the client sent the counted requests at"),
+        Column("schedule_lag_p50_ms", "ms", "`schedule_lag_p50_ms`",
+               "rate cells: actual minus scheduled send time (the client's lateness; above `lag_limit_ms` at p95, the "
+               "cell is client_bound)"),
+        Column("schedule_lag_p95_ms", "ms", "`schedule_lag_p95_ms`",
+               "rate cells: actual minus scheduled send time (the client's lateness; above `lag_limit_ms` at p95, the "
+               "cell is client_bound)"),
+        Column("schedule_lag_max_ms", "ms", "`schedule_lag_max_ms`",
+               "rate cells: actual minus scheduled send time (the client's lateness; above `lag_limit_ms` at p95, the "
+               "cell is client_bound)"),
+        Column("counted_requests", "requests", "`counted_requests`",
+               "rate cells: requests scheduled inside the window after the warm-up (the figures' requests)"),
+        Column("ttft_trend_rho", "—", "`ttft_trend_rho`",
+               "rate cells: Spearman's rank correlation of TTFT with the scheduled send time (saturation test, "
+               "speedmatrix.measure.arrivals)"),
+        Column("ttft_growth", "ratio", "`ttft_growth`",
+               "rate cells: median TTFT, and requests in flight at a send, of the last third of the requests over the "
+               "first third's"),
+        Column("in_flight_growth", "ratio", "`in_flight_growth`",
+               "rate cells: median TTFT, and requests in flight at a send, of the last third of the requests over the "
+               "first third's"),
+        Column("littles_law_ratio", "ratio", "`littles_law_ratio`",
+               "rate cells: over the span the requests were sent in, the mean requests in flight over (send rate x "
+               "mean time in the system); near 1 in a steady state, below 1 where a queue outlasts the span"),
+    )
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         out = []
@@ -124,7 +157,7 @@ class Rate(Workload):
 
     def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
                       provenance: dict[str, Any]) -> dict[str, Any]:
-        return {k: result.get(k) for k in self.matrix_columns}
+        return {k: result.get(k) for k in self.column_names()}
 
     def report_table(self, m) -> Table:
         """Per context and rate: offered against achieved, the send lag's distribution, latency, and the goodput of

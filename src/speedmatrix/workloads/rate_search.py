@@ -21,7 +21,7 @@ from ..core import fmt
 from ..core.table import Table
 from ..measure import arrivals, slo, stats
 from . import search as engine
-from .base import Cell, CellRun, Measured, register, sampling_of
+from .base import Cell, CellRun, Column, Measured, register, sampling_of
 from .open_loop import send_on_schedule
 from .slo_search import TargetSearch, frame, searched
 
@@ -94,7 +94,21 @@ class RateSearch(TargetSearch):
              "(doubling, then bisection to the resolution), with the interval the search leaves it in")
     concurrency_in_id = False
     open_loop = True
-    matrix_columns = ("slo_max_rate", "slo_max_rate_interval", "slo_rate_search_steps", "slo_search_stopped")
+    matrix_columns = (
+        Column("slo_max_rate", "requests/s", "`slo_max_rate`",
+               "rate searches: the highest rate at which the target held, and the bracket the search left it in (its "
+               "upper end null where nothing failed up to the bound)"),
+        Column("slo_max_rate_interval", "requests/s", "`slo_max_rate_interval`",
+               "rate searches: the highest rate at which the target held, and the bracket the search left it in (its "
+               "upper end null where nothing failed up to the bound)"),
+        Column("slo_rate_search_steps", "JSON", "`slo_rate_search_steps`",
+               "rate searches: every step (rate, achieved rate, requests, attainment, TTFT at the percentile, goodput,"
+               " held or client-bound)"),
+        Column("slo_search_stopped", "—", "`slo_search_stopped`",
+               "rate and replay searches: why the search stopped before its bracket closed (a step the client could "
+               "not send on time); rate sweeps: why no rates were sent between the ends (the throughput end not above "
+               "the synchronous one); else null"),
+    )
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         options = {"slo": block["slo"], "target": block["target"], "start_rate": block["start_rate"],

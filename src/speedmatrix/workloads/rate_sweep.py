@@ -25,7 +25,7 @@ from ..core import fmt
 from ..core.status import Status
 from ..core.table import Table
 from ..measure import arrivals, client, slo, stats
-from .base import Cell, CellRun, Measured, Workload, register, sampling_of
+from .base import Cell, CellRun, Column, Measured, Workload, register, sampling_of
 from .open_loop import send_on_schedule
 from .slo_search import frame, searched
 
@@ -74,7 +74,19 @@ class RateSweep(Workload):
     concurrency_in_id = False
     open_loop = True
     slo = False  # each step is judged on the block's own target (rate_sweep_steps)
-    matrix_columns = ("sweep_slo", "sweep_sync_rate_rps", "sweep_max_rate_rps", "rate_sweep_steps")
+    matrix_columns = (
+        Column("sweep_slo", "—", "`slo_target.name`", "rate sweeps: the latency target every step is judged on"),
+        Column("sweep_sync_rate_rps", "requests/s", "`sweep_sync_rate_rps`",
+               "rate sweeps: the request rate of the synchronous step (one at a time) and of the throughput step "
+               "(`max_concurrency` in flight): the ends the open-loop rates are spaced between"),
+        Column("sweep_max_rate_rps", "requests/s", "`sweep_max_rate_rps`",
+               "rate sweeps: the request rate of the synchronous step (one at a time) and of the throughput step "
+               "(`max_concurrency` in flight): the ends the open-loop rates are spaced between"),
+        Column("rate_sweep_steps", "JSON", "`rate_sweep_steps`",
+               "rate sweeps: every step (profile, offered rate or concurrency, requests, request and achieved rate, "
+               "output tok/s, goodput, attainment, holds, TTFT p50/p95, TPOT p50, send lag p95, status "
+               "valid/client_bound/saturated and its reason)"),
+    )
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         options = {"slo": block["slo"], "target": block["target"], "rates": block["rates"],

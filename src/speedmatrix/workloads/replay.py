@@ -22,7 +22,7 @@ from ..core.status import Status
 from ..core.table import Table
 from ..measure import arrivals, traces
 from ..measure.prompts import Tagged
-from .base import Cell, CellRun, Measured, Workload, register, sampling_of
+from .base import Cell, CellRun, Column, Measured, Workload, register, sampling_of
 from .open_loop import send_on_schedule
 from .rate import Rate, rate_point
 
@@ -42,8 +42,21 @@ class Replay(Workload):
     concurrency_in_id = False
     open_loop = True
     reads_trace = True
-    matrix_columns = ("time_scale", "trace_requests", "trace_prompts_skipped", "theoretical_prefix_hit_rate",
-                      "theoretical_prefix_hit_rate_unbounded")
+    matrix_columns = (
+        Column("time_scale", "ratio", "`time_scale`",
+               "replays: the trace's times divided by this (2: twice as fast); a replay's rate, lag and saturation "
+               "columns are a rate cell's, `arrival` is `trace x<scale>`"),
+        Column("trace_requests", "requests", "`trace_requests`",
+               "replays: the window's requests sent, and those longer than the context skipped"),
+        Column("trace_prompts_skipped", "requests", "`trace_prompts_skipped`",
+               "replays: the window's requests sent, and those longer than the context skipped"),
+        Column("theoretical_prefix_hit_rate", "fraction", "`theoretical_prefix_hit_rate`",
+               "replays of a trace with hash ids: the prompt tokens an LRU cache of the server's KV size (and an "
+               "unbounded one) would serve, sending the window in arrival order (speedmatrix.measure.traces)"),
+        Column("theoretical_prefix_hit_rate_unbounded", "fraction", "`theoretical_prefix_hit_rate_unbounded`",
+               "replays of a trace with hash ids: the prompt tokens an LRU cache of the server's KV size (and an "
+               "unbounded one) would serve, sending the window in arrival order (speedmatrix.measure.traces)"),
+    )
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         out = []
@@ -121,7 +134,7 @@ class Replay(Workload):
     def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
                       provenance: dict[str, Any]) -> dict[str, Any]:
         # a replay's rate, lag and saturation columns are a rate cell's
-        return {k: result.get(k) for k in (*self.matrix_columns, *Rate.matrix_columns)}
+        return {k: result.get(k) for k in (*self.column_names(), *Rate.column_names())}
 
     def rate_points(self, row: Any) -> list[dict[str, Any]]:
         return rate_point(row, f"replay of {row.corpus}")

@@ -19,7 +19,7 @@ from typing import Any
 from ..core import fmt
 from ..core.table import Table
 from ..measure import slo
-from .base import Cell, CellRun, Measured, register, sampling_of
+from .base import Cell, CellRun, Column, Measured, register, sampling_of
 from .rate_search import answer_cells, answered, search_rates
 from .replay import Replay
 from .slo_search import TargetSearch
@@ -36,7 +36,17 @@ class ReplaySearch(TargetSearch):
     concurrency_in_id = False
     open_loop = True
     reads_trace = True
-    matrix_columns = ("slo_max_time_scale", "slo_max_time_scale_interval", "slo_replay_search_steps")
+    matrix_columns = (
+        Column("slo_max_time_scale", "ratio", "`slo_max_time_scale`",
+               "replay searches: the fastest time scale at which the target held, and the bracket the search left it "
+               "in"),
+        Column("slo_max_time_scale_interval", "ratio", "`slo_max_time_scale_interval`",
+               "replay searches: the fastest time scale at which the target held, and the bracket the search left it "
+               "in"),
+        Column("slo_replay_search_steps", "JSON", "`slo_replay_search_steps`",
+               "replay searches: every step (time scale, achieved rate, requests, attainment, TTFT at the percentile, "
+               "goodput, held or client-bound)"),
+    )
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         options = {k: block[k] for k in ("slo", "target", "start_scale", "max_scale", "resolution", "token_scale",

@@ -33,7 +33,7 @@ from ..core.errors import CellError
 from ..core.status import Status
 from ..core.table import Table
 from ..measure import client, slo, stats
-from .base import Cell, CellRun, Measured, Workload, register, sampling_of
+from .base import Cell, CellRun, Column, Measured, Workload, register, sampling_of
 from .slo_search import frame
 
 
@@ -129,7 +129,18 @@ class Sessions(Workload):
     footnote = ("Cached: the share of a turn's prompt tokens the server served from its prefix cache (its own "
                 "per-request report). History/KV: the users' final histories over the KV cache; above 1 they cannot "
                 "all stay cached, and later turns find their prefix evicted.")
-    matrix_columns = ("session_turns", "sessions_completed", "sessions_met_share", "history_kv_ratio")
+    matrix_columns = (
+        Column("session_turns", "JSON", "`session_turns`",
+               "sessions: per turn, requests, failed, mean prompt tokens, TTFT p50/p95 and the cached share of the "
+               "prompt"),
+        Column("sessions_completed", "sessions", "`sessions_completed`",
+               "sessions: conversations whose every turn was answered"),
+        Column("sessions_met_share", "fraction", "`sessions_met_share`",
+               "sessions with a target (`slo`): the share of sessions whose every turn met the target's limits"),
+        Column("history_kv_ratio", "ratio", "`history_kv_ratio`",
+               "sessions: the users' final histories (prompt and answer of the last turn, at the caps) over the KV "
+               "cache in tokens; above 1 not all can stay cached"),
+    )
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         options = {k: block[k] for k in ("turns", "turn_tokens", "think_s", "think", "ramp_s", "seed")}
@@ -174,7 +185,7 @@ class Sessions(Workload):
                       provenance: dict[str, Any]) -> dict[str, Any]:
         turns = result.get("session_turns")
         return {"session_turns": json.dumps(turns) if turns else None,
-                **{k: result.get(k) for k in self.matrix_columns if k != "session_turns"}}
+                **{k: result.get(k) for k in self.column_names() if k != "session_turns"}}
 
     def cell_label(self, row: Any) -> str:
         return f"{int(row.concurrency)} users / {fmt.ctx(int(row.context_tokens))}"

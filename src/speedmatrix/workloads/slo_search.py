@@ -26,7 +26,7 @@ from ..core.table import Table
 from ..measure import client, slo, stats
 from ..measure import records as requests_table
 from . import search as engine
-from .base import Cell, CellRun, Measured, Workload, register, sampling_of
+from .base import Cell, CellRun, Column, Measured, Workload, register, sampling_of
 
 
 @dataclass
@@ -129,7 +129,14 @@ class SloSearch(TargetSearch):
     blurb = ("the highest concurrency at which a latency target holds, searched within one job "
              "(doubling, then bisection; a step near a limit measured twice)")
     searches = True
-    matrix_columns = ("slo_max_concurrency", "slo_search_steps")
+    matrix_columns = (
+        Column("slo_max_concurrency", "requests", "`slo_max_concurrency`",
+               "slo_search: the highest concurrency at which the target held (0: not even one request at a time); "
+               "session_search: the most users at once"),
+        Column("slo_search_steps", "JSON", "`slo_search_steps`",
+               "slo_search and session_search: every step (concurrency or users, requests, attainment, percentiles, "
+               "holds, measured twice)"),
+    )
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
         options = {"slo": block["slo"], "target": block["target"], "margin": float(block["margin"])}
