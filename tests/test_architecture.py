@@ -243,7 +243,7 @@ def test_every_matrix_column_is_documented_with_its_source():
     (aggregate.COLUMNS) reads a column as it is from the cell's JSON, the row names that key as its source."""
     from speedmatrix.jobs.aggregate import COLUMNS, LOOPS, PROVENANCE, RESULT
 
-    text = (REPO / "docs" / "metrics.md").read_text()
+    text = (REPO / "docs" / "metrics.md").read_text().split("## The requests table", 1)[0]
     source_of = {}
     for line in text.splitlines():
         if line.startswith("| ") and not line.startswith("| Column"):
@@ -332,3 +332,18 @@ def test_every_bench_result_is_in_its_readme():
 def test_the_front_page_stays_a_front_page():
     lines = (REPO / "README.md").read_text().splitlines()
     assert len(lines) < 150, f"README.md has {len(lines)} lines: it links the rest, under 150"
+
+
+def test_every_requests_column_is_documented():
+    """docs/metrics.md's requests table names every column the declaration gives and no other, and the loop stage
+    gives per request exactly the columns declared for it."""
+    from speedmatrix.judge import loopcheck
+    from speedmatrix.measure import records
+
+    text = (REPO / "docs" / "metrics.md").read_text().split("## The requests table", 1)[1].split("\n## ", 1)[0]
+    documented = {name.strip() for line in text.splitlines() if line.startswith("| ") and not line.startswith(
+        "| Column") for name in line.split("|")[1].split(",")}
+    assert documented == set(records.TABLE), sorted(documented ^ set(records.TABLE))
+    row = type("Row", (), {"text": "x", "request_index": 0, "chunk_chars": [1], "chunk_tokens": [1]})()
+    assert set(loopcheck.judge_request(row, {})) == {"request_index", *records.LOOP_COLUMNS}
+    assert set(records.STORED) <= set(records.TABLE)

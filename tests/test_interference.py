@@ -15,7 +15,7 @@ def run(tmp_path, name, tok_s, beside=None, gpus=None):
     (d / "logs").mkdir(parents=True)
     (d / "logs" / "pin_runtime.log").write_text("[10:00:00] x\n[10:01:40] y\n")
     pd.DataFrame({"server_id": ["a", "b"], "cell_id": ["decode-c1", "decode-c1"], "total_tok_s": tok_s,
-                  "ttft_ms": [100.0, 100.0], "itl_ms": [10.0, 10.0], "prompt_tok_s": [None, None],
+                  "ttft_ms": [100.0, 100.0], "tbt_ms": [10.0, 10.0], "prompt_tok_s": [None, None],
                   "ran_beside": beside or [None, None], "server_gpus": gpus or [None, None]}
                  ).to_parquet(d / "matrix.parquet")
     return d

@@ -11,7 +11,7 @@ from speedmatrix.report import document as report
 def row(**kw):
     base = {c: None for c in MATRIX_COLUMNS}
     base.update(server_id="tp1", workload="decode", context_tokens=1024, concurrency=1, status="valid",
-                corpus="prose", repeats=1, spec_tokens=0, total_tok_s=55.0, ttft_ms=40.0, itl_ms=17.7,
+                corpus="prose", repeats=1, spec_tokens=0, total_tok_s=55.0, ttft_ms=40.0, tbt_ms=17.7,
                 num_requests=1, loop_fraction=0.0, looped_requests=0)
     base.update(kw)
     if base["cell_id"] is None:

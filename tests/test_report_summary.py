@@ -7,13 +7,14 @@ import pandas as pd
 
 from conftest import REPO
 from speedmatrix.core.table import html_page, markdown
+from speedmatrix.jobs import aggregate
 from speedmatrix.report import document, sections
 
 RUN = REPO / "docs" / "results" / "tiny-cpu-decisions"
 
 
 def test_the_summary_opens_the_report_and_answers_the_seeds_questions():
-    m, d = pd.read_parquet(RUN / "matrix.parquet"), pd.read_parquet(RUN / "decisions.parquet")
+    m, d = aggregate.read_matrix(RUN / "matrix.parquet"), pd.read_parquet(RUN / "decisions.parquet")
     doc = document.blocks(m, [], {}, [], "tiny-cpu", "a description", decisions=d)
     text = markdown(doc)
     h2 = re.findall(r"^## (.+)$", text, flags=re.M)

@@ -38,16 +38,10 @@ class Figure:
     higher_is_better: bool
 
     def values(self, reqs: pd.DataFrame) -> np.ndarray:
-        ttft_s = reqs["ttft_ms"].astype(float) / 1000
-        span = reqs["end_s"].astype(float) - reqs["start_s"].astype(float)
-        tokens = reqs["output_tokens"].astype(float)
         if self.name == "ttft_ms":
-            v = reqs["ttft_ms"].astype(float)
-        elif self.name == "tpot_ms":
-            v = ((span - ttft_s) / (tokens - 1) * 1000).where(tokens >= 2)
-        else:  # output tok/s of one request over its whole time (sent to last token: bursts of delivery cancel)
-            v = (tokens / span).where((tokens >= 2) & (span > 0))
-        return v.to_numpy(dtype=float)
+            return reqs["ttft_ms"].to_numpy(dtype=float)
+        per_request = stats.tpot_ms if self.name == "tpot_ms" else stats.request_tok_s  # the cells' definitions
+        return per_request(reqs["start_s"], reqs["end_s"], reqs["ttft_ms"], reqs["output_tokens"])
 
     def statistic(self, values: np.ndarray, axis: int = -1) -> np.ndarray:
         # latencies: the median (the matrix's); a request's rate: the mean (tok/s at a load is the sum of rates)

@@ -129,7 +129,7 @@ def compare(matrix: pd.DataFrame, published: dict[str, Any], server_id: str | No
     kv = both["kv_cache_size_tokens"].astype(float)
     both["kv_multiple"] = (both["needed_kv_tokens"].astype(float) / kv).where(kv > 0)
     both["published_tokens"] = both["context"] * both["concurrency"]
-    for col in ("total_tok_s", "ttft_ms", "itl_ms"):
+    for col in ("total_tok_s", "ttft_ms", "tbt_ms"):
         pcol = f"{col}_published" if f"{col}_published" in both else col
         if pcol in both and col in both and pcol != col:
             both[f"{col}_ratio"] = both[col] / both[pcol]

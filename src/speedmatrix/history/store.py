@@ -33,11 +33,11 @@ import pandas as pd
 from ..core import atomic, runfolder
 from ..core.errors import StoreError
 from ..core.runfolder import RunFolder
+from ..measure import records
 
 SCHEMA_VERSION = 1
-# per request: what the regression verdict resamples, and what says which requests count
-REQUEST_COLUMNS = ["server_id", "cell_id", "repeat", "request_index", "phase", "counted", "start_s", "end_s",
-                   "ttft_ms", "output_tokens", "prompt_tokens", "error", "looped"]
+# per request: what the regression verdict resamples, and what says which requests count (declared with the table)
+REQUEST_COLUMNS = list(records.STORED)
 # a run's status that says some of its jobs failed or did not run (the others: complete; empty for a run that
 # measured no cell; unknown for a folder kept without its run summary)
 INCOMPLETE_STATUSES = ("partial", "failed")
@@ -160,7 +160,9 @@ def _rows(run: Path) -> tuple[pd.DataFrame, dict[str, dict[str, Any]]]:
     and each cell's JSON by (server, cell)."""
     cells = _cell_docs(run)
     if RunFolder(run).matrix.exists():
-        matrix = pd.read_parquet(RunFolder(run).matrix)
+        from ..jobs import aggregate
+
+        matrix = aggregate.read_matrix(RunFolder(run).matrix)
     else:  # a run that stopped before its matrix: the cells it judged
         from ..jobs import aggregate
 

@@ -23,7 +23,7 @@ TELEMETRY_COLUMNS = [
 
 # matrix column -> the cell result's figure it takes its interval and CV from
 SPREAD = {"total_tok_s": "output_throughput", "prompt_tok_s": "prompt_tok_s", "ttft_ms": "median_ttft_ms",
-          "itl_ms": "median_tbt_ms"}
+          "tbt_ms": "median_tbt_ms"}
 SPREAD_COLUMNS = [f"{col}_{part}" for col in SPREAD for part in ("ci_low", "ci_high", "cv")]
 
 
@@ -61,7 +61,8 @@ COLUMNS: list[C] = [
     C("experiment"), C("server_id"), C("cell_id"), C("model"), C("spec_tokens"), C("spec_method"), C("workload"),
     C("context_tokens"), C("concurrency"), C("status"), C("total_tok_s", RESULT, "output_throughput"),
     C("per_request_tok_s", RESULT),
-    C("ttft_ms", RESULT, "median_ttft_ms"), C("itl_ms", RESULT, "median_tbt_ms"), C("avg_active_requests", RESULT),
+    C("ttft_ms", RESULT, "median_ttft_ms"), C("itl_ms", RESULT, "median_itl_ms"),
+    C("tbt_ms", RESULT, "median_tbt_ms"), C("avg_active_requests", RESULT),
     C("completed_requests", RESULT, "completed"), C("output_tokens", RESULT, "total_output_tokens"),
     C("measured_s", RESULT), C("prompt_tok_s", RESULT),
     C("spec_acceptance_rate", RESULT, "spec_decode_acceptance_rate"),
@@ -72,8 +73,7 @@ COLUMNS: list[C] = [
     # beyond the contract: what a reader of the matrix needs to trust a number
     C("max_tokens"), C("duration_s"), C("failed_requests", RESULT, "failed"), C("num_requests", RESULT),
     C("p90_ttft_ms", RESULT), C("p99_ttft_ms", RESULT),
-    C("p90_itl_ms", RESULT, "p90_tbt_ms"), C("p99_itl_ms", RESULT, "p99_tbt_ms"),
-    C("median_chunk_itl_ms", RESULT, "median_itl_ms"), C("kv_cache_size_tokens", RESULT),
+    C("p90_tbt_ms", RESULT), C("p99_tbt_ms", RESULT), C("kv_cache_size_tokens", RESULT),
     C("needed_kv_tokens", RESULT),
     C("server_generation_tokens", RESULT), C("preemptions", RESULT),
     C("spec_decode_per_position_acceptance", RESULT), C("server_start_id", PROVENANCE),
@@ -121,6 +121,18 @@ COLUMNS: list[C] = [
     *(C(c) for name in workloads.names() for c in workloads.get(name).column_names()),
 ]
 MATRIX_COLUMNS = [c.name for c in COLUMNS]
+# a matrix made before a rename has these columns under their old names (docs/metrics.md, "History"): before
+# 2026-12-07 `itl_ms` was the time between tokens and `median_chunk_itl_ms` the ITL between streamed events
+RENAMED = {"itl_ms": "tbt_ms", "p90_itl_ms": "p90_tbt_ms", "p99_itl_ms": "p99_tbt_ms", "itl_ms_ci_low": "tbt_ms_ci_low",
+           "itl_ms_ci_high": "tbt_ms_ci_high", "itl_ms_cv": "tbt_ms_cv", "median_chunk_itl_ms": "itl_ms"}
+
+
+def read_matrix(path: str | Path) -> pd.DataFrame:
+    """A run's matrix.parquet under today's column names, whichever version of the code wrote it."""
+    matrix = pd.read_parquet(path)
+    if "tbt_ms" not in matrix and "itl_ms" in matrix:
+        matrix = matrix.rename(columns=RENAMED)
+    return matrix
 # the columns read as they are, by the part of the cell's JSON they come from: column -> key
 FROM = {part: {c.name: c.source for c in COLUMNS if c.part == part} for part in (RESULT, LOOPS, PROVENANCE)}
 

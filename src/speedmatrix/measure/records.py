@@ -56,6 +56,18 @@ COLUMNS: dict[str, Callable[[RequestRecord], Any]] = {
 }
 
 
+# the cell's identity on every row, before COLUMNS (the cell job's)
+IDENTITY = ("experiment", "server_id", "cell_id")
+# what the loop stage adds per request (``judge.loopcheck.judge_request``), joined on request_index by the aggregation
+LOOP_COLUMNS = ("looped", "loop_suspected", "loop_period_chars", "loop_repeats", "loop_coverage_chars",
+                "loop_onset_char", "loop_onset_token", "loop_normalized", "loop_after_natural_end")
+# every column of a run's requests.parquet, in order; docs/metrics.md, "The requests table", is held to it
+TABLE = (*IDENTITY, *COLUMNS, *LOOP_COLUMNS)
+# what the results store keeps of each request: what the regression verdict resamples, and what says which count
+STORED = ("server_id", "cell_id", "repeat", "request_index", "phase", "counted", "start_s", "end_s", "ttft_ms",
+          "output_tokens", "prompt_tokens", "error", "looped")
+
+
 def frame(records: Iterable[RequestRecord], columns: Sequence[str] = tuple(COLUMNS),
           ident: dict[str, Any] | None = None) -> pd.DataFrame:
     """The table of ``records``: the identity columns ``ident`` (the same on every row), then ``columns``."""

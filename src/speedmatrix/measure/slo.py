@@ -109,10 +109,10 @@ def request_figures(reqs: pd.DataFrame) -> pd.DataFrame:
     failed = reqs["error"].notna() & (reqs["error"].astype(str) != "")
     cut = reqs["cut_at_window_end"].fillna(False).astype(bool)
     completed = ~failed & ~cut & reqs["end_s"].notna()
-    tpot = (elapsed - ttft) / (tokens - 1)
+    tpot = pd.Series(stats.tpot_ms(reqs["start_s"], reqs["end_s"], ttft, tokens), index=reqs.index)
     return pd.DataFrame({
         "ttft_ms": ttft,
-        "tpot_ms": tpot.where(tokens >= 2),
+        "tpot_ms": tpot,
         "e2e_ms": elapsed.where(completed),
         "elapsed_ms": elapsed,
         "output_tokens": tokens,

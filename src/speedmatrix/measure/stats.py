@@ -61,12 +61,39 @@ def chunk_gaps(rec: RequestRecord) -> list[float]:
     return [rec.chunk_times[k] - rec.chunk_times[k - 1] for k in range(1, len(rec.chunk_times))]
 
 
+def tpot_ms(start_s: Any, end_s: Any, ttft_ms: Any, output_tokens: Any) -> np.ndarray:
+    """TPOT, vLLM's time per output token: (end - first token) / (tokens - 1), for a request of two tokens or more
+    (NaN otherwise); the first token came at start + TTFT, the end is its last token's (a finished request's
+    ``end_s``). Numbers, arrays or table columns alike: the one
+    definition a cell's figures, the latency targets and the regression verdict read."""
+    tokens = np.asarray(output_tokens, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = ((np.asarray(end_s, dtype=float) - np.asarray(start_s, dtype=float)) * 1000.0
+             - np.asarray(ttft_ms, dtype=float)) / (tokens - 1)
+    return np.where(tokens >= 2, t, np.nan)
+
+
+def request_tok_s(start_s: Any, end_s: Any, ttft_ms: Any, output_tokens: Any) -> np.ndarray:
+    """A request's output tok/s: its tokens after the first over the time from its first token to its end (1000 /
+    TPOT); NaN where that time is nothing (a request whose tokens all came at once has no rate of its own)."""
+    t = tpot_ms(start_s, end_s, ttft_ms, output_tokens)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(t > 0, 1000.0 / t, np.nan)
+
+
+def _of_records(fn, records: Iterable[RequestRecord]) -> list[float]:
+    """``fn`` (:func:`tpot_ms` or :func:`request_tok_s`) over the records that have a first token, each ending at
+    its last token (a request cut at a window's end stopped getting tokens before it was cut)."""
+    ok = [r for r in records if r.ttft_s is not None and (r.chunk_times or r.end is not None)]
+    values = fn([r.start for r in ok], [r.chunk_times[-1] if r.chunk_times else r.end for r in ok],
+                [r.ttft_s * 1000.0 for r in ok], [r.output_tokens for r in ok]) if ok else []
+    return [float(v) for v in values if not np.isnan(v)]
+
+
 def request_rate(rec: RequestRecord) -> float | None:
-    """A request's own decode speed: tokens after the first over the time they took."""
-    if len(rec.chunk_times) < 2:
-        return None
-    span = rec.chunk_times[-1] - rec.chunk_times[0]
-    return (rec.output_tokens - rec.chunk_tokens[0]) / span if span > 0 else None
+    """One request's output tok/s (:func:`request_tok_s`), or None where it has none."""
+    got = _of_records(request_tok_s, [rec])
+    return got[0] if got else None
 
 
 def active_integral(records: Iterable[RequestRecord], window_end: float) -> float:
@@ -155,7 +182,7 @@ def decode(records: list[RequestRecord], duration_s: float, concurrency: int | N
     ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
     gaps = [g for r in records for g in token_gaps(r)]
     cgaps = [g for r in records for g in chunk_gaps(r)]
-    rates = [x for x in (request_rate(r) for r in records) if x is not None]
+    rates = _of_records(request_tok_s, records)
     itl = _dist("itl", cgaps)
     out = {
         "duration": duration_s,
@@ -187,10 +214,9 @@ def fixed(records: list[RequestRecord], wall_s: float) -> dict[str, Any]:
     ok = [r for r in records if not r.error]
     tokens = sum(r.output_tokens for r in ok)
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-    rates = [x for x in (request_rate(r) for r in ok) if x is not None]
-    # TPOT per request, (end - first token) / (tokens - 1): vLLM's, AIPerf's and GuideLLM's "ITL"
-    tpots = [(r.end - r.first_token) / (r.output_tokens - 1) for r in ok
-             if r.first_token is not None and r.end is not None and r.output_tokens > 1]
+    rates = _of_records(request_tok_s, ok)
+    # TPOT per request (vLLM's; AIPerf's and GuideLLM's "ITL"), in seconds as every distribution here
+    tpots = [v / 1000.0 for v in _of_records(tpot_ms, ok)]
     return {
         "duration": wall_s,
         "measured_s": wall_s,

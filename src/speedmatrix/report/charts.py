@@ -65,7 +65,7 @@ def decode_heatmap(d: pd.DataFrame) -> alt.Chart:
     )
     rect = base.mark_rect(stroke="white").encode(
         color=alt.Color("tok_s:Q", title="total tok/s", scale=alt.Scale(scheme="viridis")),
-        tooltip=["server_id", "context_tokens", "concurrency", "status", "total_tok_s", "ttft_ms", "itl_ms"],
+        tooltip=["server_id", "context_tokens", "concurrency", "status", "total_tok_s", "ttft_ms", "tbt_ms"],
     )
     # viridis runs from dark (few tok/s) to light: white labels on the darker half, black on the lighter;
     # a cell with no figure (a status) has no colour and a black label
@@ -73,7 +73,7 @@ def decode_heatmap(d: pd.DataFrame) -> alt.Chart:
     text = base.mark_text(fontSize=10).encode(
         text="label:N",
         color=alt.condition(f"isValid(datum.tok_s) && datum.tok_s < {mid}", alt.value("white"), alt.value("black")),
-        tooltip=["server_id", "context_tokens", "concurrency", "status", "total_tok_s", "ttft_ms", "itl_ms"])
+        tooltip=["server_id", "context_tokens", "concurrency", "status", "total_tok_s", "ttft_ms", "tbt_ms"])
     return (
         alt.layer(rect, text, data=d)
         .properties(width=90 * max(1, d["concurrency"].nunique()), height=36 * max(1, d["context_tokens"].nunique()))
@@ -99,7 +99,7 @@ def throughput_concurrency(d: pd.DataFrame) -> alt.Chart:
             color=alt.Color("context:N", title="context", sort=alt.SortField("context_tokens")),
             strokeDash=alt.StrokeDash("workload:N"),
             tooltip=["server_id", "workload", "context_tokens", "concurrency", "status", "total_tok_s",
-                     "tok_s_per_user", "ttft_ms", "itl_ms"],
+                     "tok_s_per_user", "ttft_ms", "tbt_ms"],
         ).add_params(pick).properties(width=260, height=200)
         .facet(facet=alt.Facet("server_id:N", title="server config"), columns=4)
         .properties(title="Throughput against concurrency, per context")
@@ -289,7 +289,7 @@ def latency_data(matrix: pd.DataFrame, requests: pd.DataFrame | None) -> pd.Data
         return None
     gaps = (r["end_s"] - r["start_s"] - r["ttft_ms"] / 1000.0) / (r["chunks"] - 1)
     return pd.DataFrame({"server_id": r["server_id"], "cell_id": r["cell_id"], "ttft_ms": r["ttft_ms"],
-                         "itl_ms": (gaps * 1000.0).where(r["chunks"] >= 2)})
+                         "mean_itl_ms": (gaps * 1000.0).where(r["chunks"] >= 2)})
 
 
 def latency_distributions(d: pd.DataFrame) -> alt.Chart:
@@ -301,7 +301,8 @@ def latency_distributions(d: pd.DataFrame) -> alt.Chart:
     ttft = base.mark_boxplot(extent="min-max").encode(
         y=alt.Y("ttft_ms:Q", title="TTFT (ms)", scale=alt.Scale(type="log")), xOffset="server_id:N")
     itl = base.mark_boxplot(extent="min-max").encode(
-        y=alt.Y("itl_ms:Q", title="mean ITL of a request (ms)", scale=alt.Scale(type="log")), xOffset="server_id:N")
+        y=alt.Y("mean_itl_ms:Q", title="mean ITL of a request (ms)", scale=alt.Scale(type="log")),
+        xOffset="server_id:N")
     return alt.vconcat(ttft.properties(width=640, height=200, title="TTFT per request"),
                        itl.properties(width=640, height=200, title="mean gap between streamed events, per request")
                        ).properties(title="Latency distributions per cell")

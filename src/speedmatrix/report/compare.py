@@ -20,6 +20,7 @@ from ..core import atomic, fmt
 from ..core.runfolder import RunFolder
 from ..core.status import USABLE, Status
 from ..core.table import Figure, Heading, Para, Table, markdown
+from ..jobs import aggregate
 from ..judge import decide
 from . import charts, document, sections
 
@@ -36,7 +37,7 @@ def load_matrix(run: str | Path) -> pd.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"{run}: no matrix.parquet (give a results directory of a finished run, "
                                 "e.g. results/<experiment>, or the matrix.parquet itself)")
-    return pd.read_parquet(path)
+    return aggregate.read_matrix(path)
 
 
 def matched(a: pd.DataFrame, b: pd.DataFrame, match: str = "server", server_a: str | None = None,

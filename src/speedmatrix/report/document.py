@@ -11,6 +11,7 @@ from .. import workloads
 from ..core import atomic, fmt
 from ..core.table import Block, Bullets, Figure, Heading, Image, Para, html_page, markdown
 from ..history import reproduce
+from ..jobs import aggregate
 from ..judge import decide
 from ..plan import experiment
 from . import charts, regression, sections
@@ -258,7 +259,7 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
     ``loop_settings`` replaces the experiment's ``loops:`` in the text (a re-derivation under
     another policy: speedmatrix rederive --policy)."""
     exp = experiment.load(experiment_name, experiments_dir)
-    matrix = pd.read_parquet(matrix_path)
+    matrix = aggregate.read_matrix(matrix_path)
     lock = atomic.read_json(lock_path)
     startups = [atomic.read_json(Path(p).parent / "startup.json") for p in launch_paths
                 if (Path(p).parent / "startup.json").exists()]

@@ -20,10 +20,11 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.runfolder import RunFolder
+from ..jobs import aggregate
 from . import walltime
 
-FIGURES = [("total_tok_s", "output tok/s"), ("ttft_ms", "median TTFT (ms)"), ("itl_ms", "median ITL (ms)"),
-           ("prompt_tok_s", "prompt tok/s")]
+FIGURES = [("total_tok_s", "output tok/s"), ("ttft_ms", "median TTFT (ms)"),
+           ("tbt_ms", "median time between tokens (ms)"), ("prompt_tok_s", "prompt tok/s")]
 
 
 
@@ -34,9 +35,9 @@ def _pct(new, old) -> float | None:
 
 
 def compare(alone: Path, beside: Path, again: Path | None = None) -> dict:
-    a = pd.read_parquet(RunFolder(alone).matrix).set_index(["server_id", "cell_id"])
-    b = pd.read_parquet(RunFolder(beside).matrix).set_index(["server_id", "cell_id"])
-    g = pd.read_parquet(RunFolder(again).matrix).set_index(["server_id", "cell_id"]) if again else None
+    a = aggregate.read_matrix(RunFolder(alone).matrix).set_index(["server_id", "cell_id"])
+    b = aggregate.read_matrix(RunFolder(beside).matrix).set_index(["server_id", "cell_id"])
+    g = aggregate.read_matrix(RunFolder(again).matrix).set_index(["server_id", "cell_id"]) if again else None
     rows = []
     for key in b.index:
         if key not in a.index:

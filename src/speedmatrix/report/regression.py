@@ -136,7 +136,7 @@ def runs_table(runs: pd.DataFrame) -> Table:
 
 
 CELL_FIGURES = [("total_tok_s", "output tok/s", fmt.num), ("ttft_ms", "median TTFT", fmt.ms),
-                ("itl_ms", "median ITL", fmt.ms), ("spec_acceptance_rate", "acceptance", fmt.pct)]
+                ("tbt_ms", "median time between tokens", fmt.ms), ("spec_acceptance_rate", "acceptance", fmt.pct)]
 
 
 def cell_table(history: pd.DataFrame) -> Table:

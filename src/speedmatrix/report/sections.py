@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from .. import workloads
@@ -15,6 +16,7 @@ from ..core.table import Para, Table, slug
 from ..jobs.gates import GATES
 from ..judge import lossless
 from ..judge.loopcheck import steps_of
+from ..measure import stats
 from ..peers import OURS, normalized
 
 
@@ -55,7 +57,7 @@ def batched(r: Any) -> bool:
     return getattr(r, "delivery", None) == "batched"
 
 
-def itl_unresolved(r: Any) -> bool:
+def tbt_unresolved(r: Any) -> bool:
     """The median gap between the cell's events lies inside a burst (``bursts`` or ``batched``)."""
     return getattr(r, "delivery", None) in ("bursts", "batched")
 
@@ -70,7 +72,7 @@ def with_interval(r: Any, column: str, show) -> str:
 def latency(r: Any, column: str) -> str:
     """TTFT or time between tokens: n/m where the streams came in bursts (for the time between tokens: where
     its median gap lies inside one), else the figure (and interval)."""
-    if batched(r) or (column == "itl_ms" and itl_unresolved(r)):
+    if batched(r) or (column == "tbt_ms" and tbt_unresolved(r)):
         return "n/m"
     return with_interval(r, column, fmt.ms)
 
@@ -158,7 +160,7 @@ def full_table(m: pd.DataFrame) -> Table:
 
         t.add(kind.phase(r), fmt.ctx(int(r.context_tokens)), int(r.concurrency), status_text(r),
               shown(with_interval(r, kind.headline_tok_s, fmt.num)), shown(fmt.num(r.per_request_tok_s)),
-              shown(latency(r, "ttft_ms")), shown(latency(r, "itl_ms")), shown(fmt.num(r.avg_active_requests)),
+              shown(latency(r, "ttft_ms")), shown(latency(r, "tbt_ms")), shown(fmt.num(r.avg_active_requests)),
               shown(fmt.integer(r.completed_requests)), shown(fmt.integer(r.output_tokens)),
               shown(fmt.seconds(r.measured_s)),
               "—" if fmt.missing(r.loop_fraction) else f"{float(r.loop_fraction):.0%}",
@@ -398,7 +400,7 @@ def roofline_table(m: pd.DataFrame) -> Table | None:
     t = Table(["Context", "Repeats", "Measured time between tokens", "Bound (weights / peak bandwidth)",
                "Weights on a GPU", "Peak bandwidth", "Of the roofline"])
     for r in d.sort_values(["context_tokens"]).itertuples():
-        t.add(fmt.ctx(int(r.context_tokens)), fmt.integer(r.repeats), latency(r, "itl_ms"),
+        t.add(fmt.ctx(int(r.context_tokens)), fmt.integer(r.repeats), latency(r, "tbt_ms"),
               f"{float(r.roofline_bound_ms):.2f} ms", f"{float(r.model_weights_gib):.1f} GiB",
               f"{float(r.roofline_peak_bw_tb_s):g} TB/s",
               f"{float(r.roofline_pct):.1f} %")
@@ -470,14 +472,13 @@ def category_table(matrix: pd.DataFrame, requests: pd.DataFrame | None) -> Table
                "Acceptance (client)"])
     rows = requests[requests["category"].notna() & requests["error"].isna()]
     for (sid, cid, cat), g in rows.groupby(["server_id", "cell_id", "category"], sort=True):
-        span = (g["end_s"] - g["start_s"]).where(lambda s: s > 0)
         k = int(spec.get(sid, 0))
         steps = accepted = 0
         for chunks in g["chunk_tokens"]:
             s, a = steps_of(chunks)
             steps, accepted = steps + s, accepted + a
         t.add(f"`{sid}`", f"`{cid}`", cat, len(g), fmt.ms(g["ttft_ms"].median()),
-              fmt.num((g["output_tokens"] / span).median()),
+              fmt.num(np.nanmedian(stats.request_tok_s(g["start_s"], g["end_s"], g["ttft_ms"], g["output_tokens"]))),
               f"{accepted / (steps * k):.1%}" if k and steps else "—")
     return t
 
