@@ -262,3 +262,20 @@ def test_the_cluster_plan_of_a_gpu_experiment_with_settings_from_the_command_lin
     assert rows["a"][:8] == ["a", "2", "1", "x", "h100", "4", "16", "GB"], rows
     assert rows["b"][2:5] == ["2", "x", "h100"] and rows["a"][8:10] == ["10", "min"], rows
     assert "warning: the partition is empty" in out and "warning: the account is empty" in out
+
+
+def test_a_measurement_archived_under_the_archives_earlier_name_is_found(tmp_path):
+    """A run folder made before the measurement archive was named `archive/` kept it in `store/`: a cell whose
+    outputs were removed is still restored from there, and a new measurement goes to `archive/`."""
+    from speedmatrix.jobs import cells as cell_job
+
+    new_json, _ = cell_job.archived(tmp_path, "base", "decode-ctx128-c1", "k1")
+    assert new_json == tmp_path / "archive" / "base" / "decode-ctx128-c1" / "k1.json"
+    old = tmp_path / "store" / "base" / "decode-ctx128-c1"
+    old.mkdir(parents=True)
+    (old / "k1.json").write_text('{"result": {}}')
+    (old / "k1.requests.parquet").write_bytes(b"rows")
+    got_json, got_requests = cell_job.archived(tmp_path, "base", "decode-ctx128-c1", "k1")
+    assert got_json == old / "k1.json"
+    assert cell_job.restore(got_json, got_requests, str(tmp_path / "c.json"), str(tmp_path / "c.requests.parquet"))
+    assert (tmp_path / "c.requests.parquet").read_bytes() == b"rows"

@@ -63,7 +63,7 @@ def run(cmd, timeout=1500):
 
 
 def job_ids(res: Path, where: str = "cells/*/*.json") -> dict[str, set[str]]:
-    """The SLURM job ids in each config's cell results (``where``: the cells, or the durable store, which
+    """The SLURM job ids in each config's cell results (``where``: the cells, or the measurement archive, which
     keeps a failed group's finished cells after Snakemake removed their outputs)."""
     out: dict[str, set[str]] = {}
     for f in res.glob(where):
@@ -105,13 +105,13 @@ def slurm_runs(slurm_up, tmp_path_factory):
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and victim is None:
-            measured = {p.parent.name for p in res.glob("store/base/*/*.json")}
+            measured = {p.parent.name for p in res.glob("archive/base/*/*.json")}
             for log in res.glob("logs/cells/base/decode-*.log"):
                 if measured and log.stem not in measured and "decode:" in log.read_text():
                     victim = log.stem
             time.sleep(0.3)
         assert victim, "no second cell of base started"
-        stored = {p: p.read_bytes() for p in res.glob("store/base/*/*")}
+        stored = {p: p.read_bytes() for p in res.glob("archive/base/*/*")}
         broker = json.loads((res / "servers/base/broker.json").read_text())
         time.sleep(1.0)
         os.kill(broker["vllm_pid"], signal.SIGKILL)
@@ -121,14 +121,14 @@ def slurm_runs(slurm_up, tmp_path_factory):
             proc.kill()
     first = {"returncode": proc.returncode, "out": out, "left": wait_no_vllm(60), "plan": plan,
              "granted": granted_gpus(ids_of(res)),
-             "jobs": {**job_ids(res, "store/*/*/*.json"), **job_ids(res)},
+             "jobs": {**job_ids(res, "archive/*/*/*.json"), **job_ids(res)},
              "starts": starts(res), "victim": victim, "stored": stored}
     again = run(slurm_cmd(work, "small", exp_dir))
     return work, exp_dir, first, again, wait_no_vllm(60)
 
 
 def ids_of(res: Path) -> set[str]:
-    return {i for v in {**job_ids(res, "store/*/*/*.json"), **job_ids(res)}.values() for i in v if i}
+    return {i for v in {**job_ids(res, "archive/*/*/*.json"), **job_ids(res)}.values() for i in v if i}
 
 
 def granted_gpus(ids: set[str]) -> dict[str, str]:
@@ -173,7 +173,7 @@ def test_two_configs_on_slurm(slurm_runs):
     assert len(m) == len(exp.cells()) == 7
     assert (res / "report.md").exists() and (res / "charts/heatmap.png").exists()
     # one allocation per server config, a different one for each config (the first run: mtp2 untouched
-    # since, base's finished cells restored from the store and kept byte for byte)
+    # since, base's finished cells restored from the archive and kept byte for byte)
     ids = first["jobs"]
     assert set(ids) == {s.id for s in exp.servers} == {"base", "mtp2"}
     assert all(len(v) == 1 and None not in v for v in ids.values()), ids
@@ -190,7 +190,7 @@ def test_failed_cell_is_rerun_alone_on_slurm(slurm_runs):
     victim, stored = first["victim"], first["stored"]
     assert first["returncode"] != 0
     assert first["left"] == []
-    # the durable store kept every finished measurement, byte for byte
+    # the measurement archive kept every finished measurement, byte for byte
     assert stored and not any(p.parent.name == victim for p in stored)
 
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]

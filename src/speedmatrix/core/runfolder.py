@@ -28,6 +28,10 @@ CHARTS = "charts"
 LOSSLESS = "lossless"
 REFERENCE = "reference"
 LOGS = "logs"
+# every finished measurement, kept apart from the cells' outputs and keyed by what it depends on, so that a cell
+# whose outputs were removed is restored, not measured again (the measurement archive; not the results store)
+ARCHIVE = "archive"
+ARCHIVE_BEFORE = "store"  # its name before 2026-12-07, still read
 CELL_REQUESTS_SUFFIX = ".requests.parquet"
 # beside the run folders, under the results root: the store every run adds itself to
 HISTORY = "history.sqlite"
@@ -101,6 +105,11 @@ class RunFolder:
 
     def loop(self, server_id: str, cell_id: str) -> Path:
         return self.root / LOOPS / server_id / f"{cell_id}.json"
+
+    def archived(self, server_id: str, cell_id: str, key: str, folder: str = ARCHIVE) -> tuple[Path, Path]:
+        """A measurement's copy in the archive: its cell JSON and its requests."""
+        base = self.root / folder / server_id / cell_id
+        return base / f"{key}.json", base / f"{key}{CELL_REQUESTS_SUFFIX}"
 
     def server(self, server_id: str) -> Path:
         return self.root / SERVERS / server_id

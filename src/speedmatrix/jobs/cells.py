@@ -424,13 +424,17 @@ def measurement_key(cell: Cell, launch: dict[str, Any], lock: dict[str, Any], me
     return hashlib.sha256(json.dumps(basis, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def store_paths(results_dir: Path, server_id: str, cell_id: str, key: str) -> tuple[Path, Path]:
-    base = results_dir / "store" / server_id / cell_id
-    return base / f"{key}.json", base / f"{key}{runfolder.CELL_REQUESTS_SUFFIX}"
+def archived(results_dir: Path, server_id: str, cell_id: str, key: str) -> tuple[Path, Path]:
+    """Where the measurement archive keeps this measurement (a copy made under the archive's earlier name is read
+    where it is)."""
+    run = runfolder.RunFolder(results_dir)
+    here = run.archived(server_id, cell_id, key)
+    before = run.archived(server_id, cell_id, key, runfolder.ARCHIVE_BEFORE)
+    return before if not here[0].exists() and before[0].exists() else here
 
 
 def restore(stored_json: Path, stored_requests: Path, out_json: str, out_requests: str) -> bool:
-    """Copy a durable result into the cell's outputs (byte for byte); False if there is none."""
+    """Copy an archived measurement into the cell's outputs (byte for byte); False if there is none."""
     if not (stored_json.exists() and stored_requests.exists()):
         return False
     atomic.write_bytes(out_requests, stored_requests.read_bytes())
@@ -455,11 +459,11 @@ def run(job: JobContext, cell_spec: dict[str, Any], measured_with: dict[str, Any
     the client settings, the loop thresholds when they end requests), and the loop thresholds the online watch
     uses; the job expands nothing.
 
-    A good measurement is first written to the experiment's durable store
-    (``<results>/<experiment>/store/``, keyed by everything it depends on) and
+    A good measurement is first written to the run's measurement archive
+    (``<results>/<experiment>/archive/``, keyed by everything it depends on) and
     then to the cell's outputs. If Snakemake removes the outputs of a cell
     that had finished (it does so for every member of a failed group job on a
-    cluster), the next run restores them from the store instead of measuring
+    cluster), the next run restores them from the archive instead of measuring
     again, without starting a server.
     """
     launch, server_id = job.launch, job.server_id
@@ -473,10 +477,10 @@ def run(job: JobContext, cell_spec: dict[str, Any], measured_with: dict[str, Any
     records, dataset_lock = datasets.load(cell.corpus, spec) if spec else (None, None)
     # a dataset cell's measurement depends on the dataset's content too (the others' keys stay as they were)
     key = measurement_key(cell, launch, job.lock, {**measured_with, **({"dataset": dataset_lock} if spec else {})})
-    stored_json, stored_requests = store_paths(job.results, server_id, cell_id, key)
+    stored_json, stored_requests = archived(job.results, server_id, cell_id, key)
     if restore(stored_json, stored_requests, out_json, out_requests):
         doc = atomic.read_json(out_json)
-        progress(f"restored from the durable store {stored_json} (measured "
+        progress(f"restored from the measurement archive {stored_json} (measured "
                  f"{doc['result'].get('started_at', 'earlier')}); not measured again")
         return doc
     with job.server(progress) as info:

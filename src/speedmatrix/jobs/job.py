@@ -2,7 +2,7 @@
 
 The experiment's name, its launch spec and runtime lock, the results root (where the
 device lock and the registry of running servers live) and the experiment's
-results directory (its durable store) come from the rule's params and inputs,
+results directory (its measurement archive) come from the rule's params and inputs,
 never from counting parent directories of a path. A cell job is handed its cell and
 settings by its rule and never loads the experiment; a gate or reference job loads it
 when it first asks (``experiment``).
@@ -103,7 +103,7 @@ class JobContext:
 
     @property
     def results(self) -> Path:
-        """``<results_root>/<experiment>``: this run's outputs and its durable store."""
+        """``<results_root>/<experiment>``: this run's outputs and its measurement archive."""
         return self.results_root / self.experiment_name
 
     def use_api_key(self) -> None:

@@ -216,7 +216,7 @@ class Experiment:
     def measured_with(self) -> dict[str, Any]:
         """What a measurement depends on besides its cell and its server's launch: the client settings, and
         the loop thresholds when they end requests early (``client.stop_looping``). A change measures
-        the cells again (the cell rules' params; the durable store's key, speedmatrix.jobs.cells)."""
+        the cells again (the cell rules' params; the measurement archive's key, speedmatrix.jobs.cells)."""
         client = self.client
         return {"client": client.as_dict(), "loops": self.loops if client.stop_looping else None}
 
