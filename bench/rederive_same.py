@@ -32,10 +32,16 @@ def rederive(checkout: Path, results: Path, out: Path) -> None:
         raise SystemExit(f"{checkout}: rederive failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
 
 
-def compare(old: Path, new: Path) -> dict:
+def compare(old: Path, new: Path, renamed: dict[str, str] | None = None) -> dict:
+    """Every table cell for cell (``renamed``: the old side's columns under their new names first, so that a
+    renamed column compares its values, not its name), and report.md line by line."""
     out: dict = {}
     for name, keys in TABLES.items():
         a, b = pd.read_parquet(old / name), pd.read_parquet(new / name)
+        if renamed and name == "matrix.parquet":
+            a = a.rename(columns=renamed)
+            a = a[[c for c in b.columns if c in a] + [c for c in a.columns if c not in b]]  # in the new order
+            out.setdefault("renamed_in_matrix", renamed)
         if list(a.columns) != list(b.columns):
             out[name] = {"same": False, "columns_only_old": sorted(set(a.columns) - set(b.columns)),
                          "columns_only_new": sorted(set(b.columns) - set(a.columns))}
@@ -58,6 +64,8 @@ def main() -> int:
     ap.add_argument("new", type=Path)
     ap.add_argument("results", type=Path)
     ap.add_argument("--out", type=Path, default=Path("bench/results/rederive_same.json"))
+    ap.add_argument("--renamed", action="append", default=[], metavar="OLD=NEW",
+                    help="a matrix column the new code names otherwise (docs/metrics.md, \"History\")")
     ns = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="rederive-same-"))
     commits = {}
@@ -65,7 +73,8 @@ def main() -> int:
         rederive(checkout.resolve(), ns.results.resolve(), scratch / side)
         commits[side] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True,
                                        text=True).stdout.strip()
-    got = {"results": str(ns.results), "commits": commits, **compare(scratch / "old", scratch / "new")}
+    renamed = dict(r.split("=", 1) for r in ns.renamed)
+    got = {"results": str(ns.results), "commits": commits, **compare(scratch / "old", scratch / "new", renamed)}
     ns.out.parent.mkdir(parents=True, exist_ok=True)
     ns.out.write_text(json.dumps(got, indent=2) + "\n")
     print(json.dumps(got, indent=2))

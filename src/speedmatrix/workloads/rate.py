@@ -73,25 +73,20 @@ class Rate(Workload):
         Column("achieved_rate_rps", "requests/s", "`achieved_rate_rps`",
                "rate cells: the rate the client sent the counted requests at"),
         Column("schedule_lag_p50_ms", "ms", "`schedule_lag_p50_ms`",
-               "rate cells: actual minus scheduled send time (the client's lateness; above `lag_limit_ms` at p95, the "
-               "cell is client_bound)"),
+               "rate cells: the median of actual minus scheduled send time (the client's lateness)"),
         Column("schedule_lag_p95_ms", "ms", "`schedule_lag_p95_ms`",
-               "rate cells: actual minus scheduled send time (the client's lateness; above `lag_limit_ms` at p95, the "
-               "cell is client_bound)"),
+               "rate cells: the p95 of the client's lateness; above `lag_limit_ms` the cell is client_bound"),
         Column("schedule_lag_max_ms", "ms", "`schedule_lag_max_ms`",
-               "rate cells: actual minus scheduled send time (the client's lateness; above `lag_limit_ms` at p95, the "
-               "cell is client_bound)"),
+               "rate cells: the client's longest lateness"),
         Column("counted_requests", "requests", "`counted_requests`",
                "rate cells: requests scheduled inside the window after the warm-up (the figures' requests)"),
         Column("ttft_trend_rho", "—", "`ttft_trend_rho`",
                "rate cells: Spearman's rank correlation of TTFT with the scheduled send time (saturation test, "
                "speedmatrix.measure.arrivals)"),
         Column("ttft_growth", "ratio", "`ttft_growth`",
-               "rate cells: median TTFT, and requests in flight at a send, of the last third of the requests over the "
-               "first third's"),
+               "rate cells: the median TTFT of the last third of the requests over the first third's"),
         Column("in_flight_growth", "ratio", "`in_flight_growth`",
-               "rate cells: median TTFT, and requests in flight at a send, of the last third of the requests over the "
-               "first third's"),
+               "rate cells: the requests in flight at a send, the last third of the requests over the first third"),
         Column("littles_law_ratio", "ratio", "`littles_law_ratio`",
                "rate cells: over the span the requests were sent in, the mean requests in flight over (send rate x "
                "mean time in the system); near 1 in a steady state, below 1 where a queue outlasts the span"),

@@ -96,11 +96,10 @@ class RateSearch(TargetSearch):
     open_loop = True
     matrix_columns = (
         Column("slo_max_rate", "requests/s", "`slo_max_rate`",
-               "rate searches: the highest rate at which the target held, and the bracket the search left it in (its "
-               "upper end null where nothing failed up to the bound)"),
+               "rate searches: the highest rate at which the target held"),
         Column("slo_max_rate_interval", "requests/s", "`slo_max_rate_interval`",
-               "rate searches: the highest rate at which the target held, and the bracket the search left it in (its "
-               "upper end null where nothing failed up to the bound)"),
+               "rate searches: the bracket the search left the highest rate in (its upper end null where nothing "
+               "failed up to the bound)"),
         Column("slo_rate_search_steps", "JSON", "`slo_rate_search_steps`",
                "rate searches: every step (rate, achieved rate, requests, attainment, TTFT at the percentile, goodput,"
                " held or client-bound)"),

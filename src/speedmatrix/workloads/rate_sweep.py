@@ -77,11 +77,11 @@ class RateSweep(Workload):
     matrix_columns = (
         Column("sweep_slo", "—", "`slo_target.name`", "rate sweeps: the latency target every step is judged on"),
         Column("sweep_sync_rate_rps", "requests/s", "`sweep_sync_rate_rps`",
-               "rate sweeps: the request rate of the synchronous step (one at a time) and of the throughput step "
-               "(`max_concurrency` in flight): the ends the open-loop rates are spaced between"),
+               "rate sweeps: the request rate of the synchronous step (one at a time): the low end of the open-loop "
+               "rates"),
         Column("sweep_max_rate_rps", "requests/s", "`sweep_max_rate_rps`",
-               "rate sweeps: the request rate of the synchronous step (one at a time) and of the throughput step "
-               "(`max_concurrency` in flight): the ends the open-loop rates are spaced between"),
+               "rate sweeps: the request rate of the throughput step (`max_concurrency` in flight): the high end of "
+               "the open-loop rates"),
         Column("rate_sweep_steps", "JSON", "`rate_sweep_steps`",
                "rate sweeps: every step (profile, offered rate or concurrency, requests, request and achieved rate, "
                "output tok/s, goodput, attainment, holds, TTFT p50/p95, TPOT p50, send lag p95, status "

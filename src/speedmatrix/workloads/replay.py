@@ -47,15 +47,14 @@ class Replay(Workload):
                "replays: the trace's times divided by this (2: twice as fast); a replay's rate, lag and saturation "
                "columns are a rate cell's, `arrival` is `trace x<scale>`"),
         Column("trace_requests", "requests", "`trace_requests`",
-               "replays: the window's requests sent, and those longer than the context skipped"),
+               "replays: the window's requests sent"),
         Column("trace_prompts_skipped", "requests", "`trace_prompts_skipped`",
-               "replays: the window's requests sent, and those longer than the context skipped"),
+               "replays: the window's requests longer than the context, skipped"),
         Column("theoretical_prefix_hit_rate", "fraction", "`theoretical_prefix_hit_rate`",
-               "replays of a trace with hash ids: the prompt tokens an LRU cache of the server's KV size (and an "
-               "unbounded one) would serve, sending the window in arrival order (speedmatrix.measure.traces)"),
+               "replays of a trace with hash ids: the prompt tokens an LRU cache of the server's KV size would "
+               "serve, the window sent in arrival order (speedmatrix.measure.traces)"),
         Column("theoretical_prefix_hit_rate_unbounded", "fraction", "`theoretical_prefix_hit_rate_unbounded`",
-               "replays of a trace with hash ids: the prompt tokens an LRU cache of the server's KV size (and an "
-               "unbounded one) would serve, sending the window in arrival order (speedmatrix.measure.traces)"),
+               "replays of a trace with hash ids: the same with a cache that never evicts"),
     )
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:

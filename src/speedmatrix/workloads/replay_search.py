@@ -38,11 +38,9 @@ class ReplaySearch(TargetSearch):
     reads_trace = True
     matrix_columns = (
         Column("slo_max_time_scale", "ratio", "`slo_max_time_scale`",
-               "replay searches: the fastest time scale at which the target held, and the bracket the search left it "
-               "in"),
+               "replay searches: the fastest time scale at which the target held"),
         Column("slo_max_time_scale_interval", "ratio", "`slo_max_time_scale_interval`",
-               "replay searches: the fastest time scale at which the target held, and the bracket the search left it "
-               "in"),
+               "replay searches: the bracket the search left the fastest time scale in"),
         Column("slo_replay_search_steps", "JSON", "`slo_replay_search_steps`",
                "replay searches: every step (time scale, achieved rate, requests, attainment, TTFT at the percentile, "
                "goodput, held or client-bound)"),
