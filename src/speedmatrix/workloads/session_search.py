@@ -18,12 +18,12 @@ from typing import Any
 from ..core import fmt
 from ..measure import slo, stats
 from .base import Cell, CellRun, Measured, register, sampling_of
-from .sessions import converse, final_history
+from .sessions import SessionLoad, converse
 from .slo_search import SloSearch, TargetSearch, search, searched
 
 
 @register
-class SessionSearch(TargetSearch):
+class SessionSearch(SessionLoad, TargetSearch):
     name = "session_search"
     order = 10
     by_hand = False
@@ -46,11 +46,6 @@ class SessionSearch(TargetSearch):
     def id_suffix(self, cell: Cell) -> str:
         return f"-for-{cell.opts['slo']}-turns{cell.opts['turns']}"
 
-    def longest_request(self, cell: Cell) -> int:
-        return final_history(cell)  # a session's last turn: the conversation so far and its answer
-
-    def needed_kv_tokens(self, cell: Cell) -> int:
-        return final_history(cell)  # one session's last turn; more users queue or are evicted
 
     async def prepare(self, run: CellRun) -> None:
         return None

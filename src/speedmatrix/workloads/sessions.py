@@ -118,8 +118,19 @@ def by_session(records: list[client.RequestRecord], target: slo.Target | None) -
     return out
 
 
+class SessionLoad:
+    """What a session's cell asks of the server, for every kind that sends sessions (the sessions and their
+    search): its longest request and the KV cache one session needs are its last turn's."""
+
+    def longest_request(self, cell: Cell) -> int:
+        return final_history(cell)  # a session's last turn: the conversation so far and its answer
+
+    def needed_kv_tokens(self, cell: Cell) -> int:
+        return final_history(cell)  # one session's last turn; more users queue or are evicted
+
+
 @register
-class Sessions(Workload):
+class Sessions(SessionLoad, Workload):
     name = "sessions"
     order = 8
     by_hand = False
@@ -155,11 +166,6 @@ class Sessions(Workload):
     def id_suffix(self, cell: Cell) -> str:
         return f"-turns{cell.opts['turns']}"
 
-    def longest_request(self, cell: Cell) -> int:
-        return final_history(cell)  # a session's last turn: the conversation so far and its answer
-
-    def needed_kv_tokens(self, cell: Cell) -> int:
-        return final_history(cell)  # one session's last turn; the server queues or evicts the rest
 
     async def prepare(self, run: CellRun) -> None:
         return None  # a turn's prompt is the conversation so far: made as the session goes
