@@ -205,5 +205,5 @@ def test_failed_cell_is_rerun_alone_on_slurm(slurm_runs):
     assert redone["provenance"]["scheduler"]["SLURM_JOB_ID"] not in first["jobs"].get("base", set())
     # the rerun was one allocation; its cells that had been measured were restored, not measured
     rerun_logs = [p.read_text() for p in res.glob("logs/cells/base/*.log")]
-    assert sum("restored from the durable store" in t for t in rerun_logs) == len(
+    assert sum("restored from the measurement archive" in t for t in rerun_logs) == len(
         [p for p in stored if p.suffix == ".json"])
