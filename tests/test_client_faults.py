@@ -55,6 +55,26 @@ def test_closed_loop_stops_at_the_window_end():
     assert len(recs) == 3 and all(r.cut_at_window_end for r in recs)
 
 
+def test_a_watch_ends_the_window_early_and_its_requests_are_cut_there():
+    """The precision rule's way out of a window: ``Window.close`` from the watch beside the loop ends it at once; the
+    requests in flight are cut there (as at the window's end) and no token after it counts."""
+    async def watch(window, records):
+        await asyncio.sleep(0.3)
+        window.close()
+
+    async def go():
+        async with TestServer(app()) as srv:
+            url = str(srv.make_url("")).rstrip("/")
+            return await closed_loop(url, "ok", lambda i: [1, 2], concurrency=3, duration_s=30.0,
+                                     opts=RequestOptions(max_tokens=10_000), watch=watch)
+    t0 = time.monotonic()
+    window, recs = asyncio.run(go())
+    assert time.monotonic() - t0 < 5
+    assert 0.3 <= window.closed_at < 1.0 and window.end - window.t0 == pytest.approx(window.closed_at)
+    assert len(recs) == 3 and all(r.cut_at_window_end and r.error is None for r in recs)
+    assert all(r.output_tokens > 10 and max(r.chunk_times) <= window.closed_at for r in recs)
+
+
 def test_fixed_count_keeps_concurrency_and_counts_every_request():
     from speedmatrix.measure import stats
     from speedmatrix.measure.client import fixed_count

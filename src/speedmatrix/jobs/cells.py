@@ -28,7 +28,7 @@ from ..core import atomic, runfolder
 from ..core.errors import CellError
 from ..core.settings import ClientSettings
 from ..core.status import Status
-from ..measure import client, clientcheck, datasets, loops, metrics, prompts, stats, telemetry
+from ..measure import client, clientcheck, datasets, loops, metrics, precision, prompts, stats, telemetry
 from ..measure import records as requests_table
 from ..workloads import Cell, CellRun
 from .job import JobContext
@@ -248,10 +248,14 @@ async def _repeats(session: aiohttp.ClientSession, cell: Cell, inp: MeasureInput
     per_repeat, per_passes, records = [], [], []
     t_wall, requests_s = None, 0.0
     busy_wait_s = float(inp.client.busy_wait_s)
+    # a cell with a stopping rule measures again only while its figure is not precise enough (at most `repeats`)
+    rule = precision.Precision.of(cell.precision_settings) if cell.precision else None
+    most = "at most " if rule is not None and rule.enabled else ""
+    look: dict[str, Any] = {}
     for k in range(1, cell.repeats + 1):
         if k > 1:  # the previous repeat's requests have drained (a cut decode request is aborted)
             await wait_until_idle(session, inp.url, busy_wait_s, inp.progress)
-            inp.progress(f"repeat {k} of {cell.repeats}")
+            inp.progress(f"repeat {k} of {most}{cell.repeats}")
         run = CellRun(cell, inp.url, inp.model, opts, made.source, made.build, before_raw, inp.client, inp.progress,
                       scrape=lambda: _counters(inp.url), repeat=k, build_in_window=made.in_window, kv_tokens=kv,
                       records=inp.dataset)
@@ -270,10 +274,17 @@ async def _repeats(session: aiohttp.ClientSession, cell: Cell, inp: MeasureInput
         per_repeat.append(measured.figures)
         if measured.passes:
             per_passes.append(measured.passes)
+        if rule is not None:
+            look = precision.repeats_look(rule, per_repeat, cell.kind.stability_figure, cell.repeats)
+            if look["stop"]:
+                break
     figures = stats.combine(per_repeat, worst=clientcheck.FIGURES)
     passes = {ph: stats.combine([p[ph] for p in per_passes]) for ph in per_passes[0]} if per_passes else {}
-    if cell.repeats > 1:
+    if len(per_repeat) > 1:
         figures["repeat_figures"] = per_repeat  # each repeat's own figures, in order
+    if look:  # the cell's precision: why it stopped, what it reached (its windows' own: in repeat_figures)
+        figures.update({k: look[k] for k in ("precision_stop", "precision_reached", "precision_target",
+                                             "repeats_measured")})
     figures["requests_s"] = round(requests_s, 3)
     return figures, passes, records, t_wall
 

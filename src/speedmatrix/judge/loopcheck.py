@@ -16,7 +16,7 @@ import pandas as pd
 
 from ..core.settings import section_defaults
 from ..core.status import Status
-from ..measure import loops
+from ..measure import loops, precision
 from ..workloads import get as workload
 from . import lossless
 
@@ -105,15 +105,19 @@ def client_acceptance(requests: pd.DataFrame, per: list[dict[str, Any]], spec_to
 
 
 def stability_verdict(cell: dict[str, Any], max_cv: float) -> str | None:
-    """Why a cell measured several times is Unstable (its figure's CV over its repeats above ``max_cv``), or None."""
+    """Why a cell is Unstable, or None: its stopping rule ended at its longest window or last repeat without the
+    precision (speedmatrix.measure.precision), or its figure's CV over its repeats is above ``max_cv``."""
     res, spec = cell["result"], cell["cell"]
-    if spec.get("repeats", 1) < 2:
+    if why := precision.unmet(res, spec.get("duration_s")):
+        return why
+    repeats = res.get("repeats_measured", spec.get("repeats", 1))  # a rule's cell may stop before its most
+    if repeats < 2:
         return None
     figure = workload(spec["workload"]).stability_figure
     cv = res.get(f"{figure}_cv")
     if cv is None or cv <= max_cv:
         return None
-    return f"{figure} CV {cv:.1%} over {spec['repeats']} repeats, limit {max_cv:.0%}"
+    return f"{figure} CV {cv:.1%} over {repeats} repeats, limit {max_cv:.0%}"
 
 
 def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str, Any],
@@ -121,7 +125,8 @@ def judge_cell(cell: dict[str, Any], requests: pd.DataFrame, settings: dict[str,
     """Loop verdicts per request and the cell's status: over capacity (nothing sent), else lossy (``check``: its
     config's losslessness check found the cell's sampling setting Lossy; a client-bound measurement says so in
     the reason), else the measurement's own (client-bound), else looped (under the policy), else unstable
-    (repeats spread above ``stability.max_cv``), else valid."""
+    (its stopping rule ended without its precision, or its repeats spread above ``stability.max_cv``), else
+    valid."""
     settings = dict(section_defaults("loops", settings))
     policy = settings.pop("policy")
     max_fraction = float(settings.pop("max_loop_fraction"))

@@ -16,7 +16,7 @@ import inspect
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -472,6 +472,23 @@ def session_for(concurrency: int | None) -> aiohttp.ClientSession:
                                  trace_configs=[_tracing()])
 
 
+class Window:
+    """A closed loop's measurement window while it runs: when it ends (monotonic seconds), and ``close`` to end it
+    now (a precision rule that has seen enough): the requests still streaming are cut there, as at its end."""
+
+    def __init__(self, t0: float, end: float) -> None:
+        self.t0, self.end = t0, end
+        self.closed_at: float | None = None  # seconds since t0 where ``close`` ended it
+        self.workers: list[asyncio.Task] = []
+
+    def close(self) -> None:
+        now = time.monotonic()
+        if self.closed_at is None and now < self.end:
+            self.end, self.closed_at = now, now - self.t0
+            for task in self.workers:
+                task.cancel()
+
+
 async def closed_loop(
     base_url: str,
     model: str,
@@ -480,22 +497,24 @@ async def closed_loop(
     duration_s: float,
     opts: RequestOptions,
     progress: Callable[[str], None] | None = None,
-) -> tuple[float, list[RequestRecord]]:
-    """Sustained decode: ``concurrency`` requests in flight for ``duration_s``;
-    a finished request is replaced at once. Returns (t0, records)."""
+    watch: Callable[[Window, list[RequestRecord]], Awaitable[None]] | None = None,
+) -> tuple[Window, list[RequestRecord]]:
+    """Sustained decode: ``concurrency`` requests in flight for ``duration_s``; a finished request is replaced at
+    once. ``watch`` (the window and its records so far) runs beside it and may end it early (``Window.close``).
+    Returns (the window, records); the window lasted ``window.end - window.t0``."""
     records: list[RequestRecord] = []
     counter = iter(range(10**9))
     async with session_for(concurrency) as session:
         t0 = time.monotonic()
-        deadline = t0 + duration_s
+        window = Window(t0, t0 + duration_s)
 
         async def worker(w: int) -> None:
-            while time.monotonic() < deadline:
+            while time.monotonic() < window.end:
                 i = next(counter)
                 prompt, n, tags = await _resolve(make_prompt, i)
                 rec = RequestRecord(index=i, worker=w, prompt_tokens=n, start=time.monotonic() - t0, **tags)
                 records.append(rec)
-                await stream_completion(session, base_url, model, prompt, opts, rec, t0, deadline)
+                await stream_completion(session, base_url, model, prompt, opts, rec, t0, window.end)
                 if rec.error and not rec.cut_at_window_end:
                     # do not hammer a failing server: a failed request ends this worker
                     return
@@ -507,12 +526,24 @@ async def closed_loop(
                     toks = sum(r.output_tokens for r in records)
                     progress(f"t={time.monotonic() - t0:.1f}s requests={len(records)} output_tokens={toks}")
 
-        reporter = asyncio.create_task(report())
+        window.workers = [asyncio.create_task(worker(w)) for w in range(concurrency)]
+        helpers = [asyncio.create_task(report())]
+        if watch is not None:
+            helpers.append(asyncio.create_task(watch(window, records)))
         try:
-            await asyncio.gather(*(worker(w) for w in range(concurrency)))
+            await asyncio.wait(window.workers)
         finally:
-            reporter.cancel()
-    return t0, records
+            for task in (*window.workers, *helpers):
+                task.cancel()
+            await asyncio.gather(*window.workers, *helpers, return_exceptions=True)
+        for task in window.workers:  # a worker's own failure (not the window's close) is the loop's
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()
+        if window.closed_at is not None:  # requests in flight when the rule closed the window were cut there
+            for rec in records:
+                if rec.finish_reason is None and rec.error is None:
+                    rec.cut_at_window_end = True
+    return window, records
 
 
 async def fixed_count(

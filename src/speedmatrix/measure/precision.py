@@ -17,11 +17,14 @@ sequential rule whose repeated looks keep their error rate.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from ..core import settings
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -153,11 +156,11 @@ class Rule:
     ``alpha`` over at most ``looks`` looks (each look at level 1 - alpha / looks), never before ``min_n``
     samples; ``max_n`` samples end it without the precision."""
 
-    target: float = 0.02
-    alpha: float = 0.05
-    looks: int = 8
-    min_n: int = 3
-    max_n: int = 20
+    target: float
+    alpha: float
+    looks: int
+    min_n: int
+    max_n: int
 
     @property
     def level(self) -> float:
@@ -193,3 +196,155 @@ def run_sequentially(rule: Rule, draw) -> dict[str, Any]:
         if got["stop"]:
             return {**got, "values": values}
     return {**rule.look(values), "stop": True, "reason": "max_reached", "values": values}
+
+
+# a decode window's rate interval: from this many batch means of the steady window so far
+BATCHES = 10
+# why a cell stopped measuring (its result's ``precision_stop``); the last three are Unstable where the rule is on
+PRECISE, FIXED, MAX_WINDOW, MAX_REPEATS, TOO_FEW = "precise", "fixed", "max_window", "max_repeats", "too_few_requests"
+UNMET = (MAX_WINDOW, MAX_REPEATS, TOO_FEW)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A sustained-decode cell's stopping rule (the experiment's ``precision:``, a block's own over it; keys and
+    defaults: the schema). The longest window is the block's ``duration_s`` and the most repeats its ``repeats``;
+    the rule stops earlier where the figure is precise: output tok/s's interval within ``output_tok_s`` of its
+    middle (relative half-width), and, with ``percentile``, enough requests for that TTFT percentile's
+    distribution-free interval. ``enabled: false`` measures the fixed window and repeats (a published method's)
+    and still reports the precision they reached."""
+
+    enabled: bool
+    output_tok_s: float
+    percentile: float | None
+    alpha: float
+    looks: int
+    min_window_s: float
+    min_repeats: int
+
+    @classmethod
+    def of(cls, given: dict[str, Any] | None) -> Precision:
+        """From ``precision:`` keys (valid against the schema), the absent ones at the schema's defaults."""
+        return cls(**settings.section_defaults("precision", given))
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def level(self) -> float:
+        """Each look's level within a window: alpha split over its looks (Bonferroni); a fixed window: one look."""
+        return 1.0 - self.alpha / (self.looks if self.enabled else 1)
+
+    def repeats_level(self, max_repeats: int) -> float:
+        """Each look's level over the repeats: alpha split over the repeat counts it looks at."""
+        looks = max(1, max_repeats - self.min_repeats + 1) if self.enabled else 1
+        return 1.0 - self.alpha / looks
+
+    def window_looks(self, duration_s: float) -> list[float]:
+        """The seconds of steady state at which a window is looked at: ``min_window_s``, then evenly to the
+        longest window (at most ``looks`` looks; the window's end is the last)."""
+        lo = min(self.min_window_s, duration_s)
+        if self.looks <= 1 or duration_s <= lo:
+            return [duration_s]
+        step = (duration_s - lo) / (self.looks - 1)
+        return [lo + k * step for k in range(self.looks)]
+
+    @property
+    def samples_needed(self) -> int | None:
+        """The requests (TTFTs) the percentile's interval needs at each look's level; None without a percentile."""
+        return None if self.percentile is None else samples_for_percentile(self.percentile / 100.0, self.level)
+
+
+def window_look(records: Sequence[Any], t_steady: float | None, t_at: float, rule: Precision) -> dict[str, Any]:
+    """A decode window's precision at ``t_at`` (seconds since its start): output tok/s over the steady part
+    (from ``t_steady``) from :data:`BATCHES` batch means of the tokens as they arrived, the requests that had
+    their first token, and whether the rule's target is met. ``records``: the window's requests (their
+    ``chunk_times``, ``chunk_tokens``, ``first_token``)."""
+    if t_steady is None or t_at <= t_steady:
+        return {"at_s": t_at, "interval": None, "relative_half_width": None, "ttft_samples": 0, "precise": False}
+    times, amounts = [], []
+    for r in records:
+        times += r.chunk_times
+        amounts += r.chunk_tokens
+    ci = mean_interval(batch_means(times, amounts, t_steady, t_at, BATCHES), rule.level)
+    rel = relative_half_width(ci)
+    ttfts = sum(1 for r in records if r.first_token is not None and r.first_token <= t_at)
+    need = rule.samples_needed
+    return {"at_s": t_at, "interval": ci, "relative_half_width": rel, "ttft_samples": ttfts,
+            "precise": rel is not None and rel <= rule.output_tok_s and (need is None or ttfts >= need)}
+
+
+def window_stop(rule: Precision, final: dict[str, Any], closed_early: bool) -> str:
+    """Why a window ended: precise (at a look, or at its end), fixed (the rule off), too few requests (no steady
+    part, or fewer than the percentile needs), or its longest window reached without the precision."""
+    if not rule.enabled:
+        return FIXED
+    if final["precise"] or closed_early:
+        return PRECISE
+    if final["relative_half_width"] is None or final["relative_half_width"] <= rule.output_tok_s:
+        return TOO_FEW
+    return MAX_WINDOW
+
+
+def window_figures(rule: Precision, final: dict[str, Any], closed_early: bool, looks: int) -> dict[str, Any]:
+    """A window's figures of its precision (a decode repeat's result keys): why it ended, the relative half-width
+    of output tok/s's interval it reached, the looks made, the requests with a first token, and the target."""
+    return {"precision_stop": window_stop(rule, final, closed_early),
+            "precision_reached": final["relative_half_width"], "precision_looks": looks,
+            "precision_ttft_samples": final["ttft_samples"],
+            "precision_target": rule.output_tok_s if rule.enabled else None}
+
+
+def repeats_look(rule: Precision, repeats: Sequence[dict[str, Any]], figure: str, max_repeats: int) -> dict[str, Any]:
+    """After each repeat of a cell (``repeats``: their figures so far, :func:`window_figures` among them): stop or
+    measure again, why, and the precision the cell has. One repeat's precision is its window's; several repeats'
+    is the interval of their ``figure``'s mean (Student's t over the repeats, each look at
+    :meth:`Precision.repeats_level`)."""
+    n = len(repeats)
+    need = rule.samples_needed
+    if n == 1:
+        rel, met = repeats[0]["precision_reached"], repeats[0]["precision_stop"] == PRECISE
+    else:
+        values = [r[figure] for r in repeats if r.get(figure) is not None]
+        rel = relative_half_width(mean_interval(values, rule.repeats_level(max_repeats)))
+        met = (rel is not None and rel <= rule.output_tok_s
+               and (need is None or sum(r["precision_ttft_samples"] for r in repeats) >= need))
+    out = {"precision_reached": rel, "repeats_measured": n, "precision_target": repeats[-1]["precision_target"]}
+    if rule.enabled and met and n >= rule.min_repeats:
+        return {**out, "stop": True, "precision_stop": PRECISE}
+    if n >= max_repeats:
+        why = FIXED if not rule.enabled else repeats[0]["precision_stop"] if n == 1 else MAX_REPEATS
+        return {**out, "stop": True, "precision_stop": why}
+    return {**out, "stop": False, "precision_stop": None}
+
+
+def looks_at(t_steady: float, duration_s: float, rule: Precision) -> list[float]:
+    """The window's looks (seconds since its start) that fall before its end: :meth:`Precision.window_looks`
+    from steady state."""
+    return [t_steady + w for w in rule.window_looks(duration_s) if t_steady + w < duration_s]
+
+
+def after_the_fact(records: Sequence[Any], t_steady: float | None, duration_s: float,
+                   rule: Precision) -> tuple[dict[str, Any], int]:
+    """Where the rule would have ended a window already measured: (the look it stops at, else the window's end;
+    the looks made). The live rule (``workloads.decode``) makes the same looks as the window runs."""
+    made = 0
+    for at in looks_at(t_steady, duration_s, rule) if t_steady is not None and rule.enabled else []:
+        made += 1
+        look = window_look(records, t_steady, at, rule)
+        if look["precise"]:
+            return look, made
+    return window_look(records, t_steady, duration_s, rule), made
+
+
+def unmet(result: dict[str, Any], duration_s: float | None) -> str | None:
+    """Why a cell whose stopping rule was on ended without its precision (it is Unstable for it), else None."""
+    stop, target, rel = result.get("precision_stop"), result.get("precision_target"), result.get("precision_reached")
+    if target is None or stop not in UNMET:
+        return None
+    reached = "no interval" if rel is None else f"±{rel:.1%}"
+    where = {MAX_WINDOW: f"after its longest window ({duration_s:g} s)",
+             MAX_REPEATS: f"after its last repeat ({result.get('repeats_measured')})",
+             TOO_FEW: "with too few requests (no steady part, or fewer than its latency percentile needs: "
+                      f"{result.get('precision_ttft_samples')} with a first token)"}[stop]
+    return f"output tok/s {reached} {where}, target ±{target:.1%}"

@@ -254,7 +254,9 @@ class Experiment:
             if server_id is not None and srv.id != server_id:
                 continue
             for kind, block in workload_blocks(srv.workloads):
-                out.extend(expand_block(srv.id, kind, {"repeats": self.default_repeats, **block},
+                # a block's stopping rule: its own keys over the experiment's (a kind without a window ignores it)
+                rule = {**self.raw.get("precision", {}), **(block.get("precision") or {})}
+                out.extend(expand_block(srv.id, kind, {"repeats": self.default_repeats, **block, "precision": rule},
                                         self.raw.get("slos")))
         return out
 

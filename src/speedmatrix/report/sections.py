@@ -321,15 +321,60 @@ def spread_table(m: pd.DataFrame) -> Table | None:
     """Cells measured several times (``repeats``): each repeat's figure, the median, its interval and CV."""
     if "repeats" not in m:
         return None
-    d = m[(pd.to_numeric(m["repeats"]).fillna(1) > 1) & (m["status"] != Status.OVER_CAPACITY)]
+    m = m.assign(n_measured=measured_repeats(m))
+    d = m[(m["n_measured"] > 1) & (m["status"] != Status.OVER_CAPACITY)]
     if d.empty:
         return None
     t = Table(["Server config", "Cell", "Repeats", "Total tok/s (each repeat)", "Median", "95 % interval", "CV",
                "Median TTFT (each repeat)", "Status"])
     for r in by_phase(d, "server_id", "context_tokens", "concurrency").itertuples():
-        t.add(r.server_id, r.cell_id, int(r.repeats), _listed(r.total_tok_s_repeats, fmt.num), fmt.num(r.total_tok_s),
+        t.add(r.server_id, r.cell_id, int(r.n_measured), _listed(r.total_tok_s_repeats, fmt.num),
+              fmt.num(r.total_tok_s),
               fmt.interval(r.total_tok_s_ci_low, r.total_tok_s_ci_high), fmt.pct(r.total_tok_s_cv),
               _listed(r.ttft_ms_repeats, fmt.ms), status_text(r))
+    return t
+
+
+def measured_repeats(m: pd.DataFrame) -> pd.Series:
+    """The repeats each cell measured: a stopping rule's cell may stop before its ``repeats``."""
+    most = pd.to_numeric(m["repeats"]).fillna(1)
+    return pd.to_numeric(m["repeats_measured"]).fillna(most) if "repeats_measured" in m else most
+
+
+def precision_rows(m: pd.DataFrame) -> pd.DataFrame:
+    """The measured cells with a stopping rule's outcome (sustained decode), each with the seconds it measured
+    (its median window x its repeats) against the most it could have (``duration_s`` x ``repeats``)."""
+    if "precision_stop" not in m:
+        return m.iloc[0:0]
+    d = m[m["precision_stop"].notna() & (m["status"] != Status.OVER_CAPACITY)]
+    return d.assign(n_measured=measured_repeats(d), s_measured=pd.to_numeric(d["measured_s"]) * measured_repeats(d),
+                    s_most=pd.to_numeric(d["duration_s"]) * pd.to_numeric(d["repeats"]).fillna(1))
+
+
+def precision_summary(m: pd.DataFrame) -> str | None:
+    """One sentence: how the cells stopped and the measurement time the rule took against fixed windows."""
+    d = precision_rows(m)
+    if d.empty:
+        return None
+    counts = d["precision_stop"].value_counts()
+    stops = ", ".join(f"{n} {stop.replace('_', ' ')}" for stop, n in counts.items())
+    took, most = d["s_measured"].sum(), d["s_most"].sum()
+    return (f"{len(d)} sustained-decode cells: {stops}. They measured {took:.1f} s of windows, {took / most:.0%} of "
+            f"the {most:.1f} s their longest windows and most repeats would have taken.")
+
+
+def precision_table(m: pd.DataFrame) -> Table | None:
+    """Each sustained-decode cell's stopping rule: why it stopped, what it measured, the precision it reached."""
+    d = precision_rows(m)
+    if d.empty:
+        return None
+    t = Table(["Server config", "Cell", "Stopped", "Window (s)", "Repeats", "Output tok/s interval", "Target",
+               "Status"])
+    for r in by_phase(d, "server_id", "context_tokens", "concurrency").itertuples():
+        reached = "—" if fmt.missing(r.precision_reached) else f"±{float(r.precision_reached):.1%}"
+        target = "off" if fmt.missing(r.precision_target) else f"±{float(r.precision_target):.1%}"
+        t.add(r.server_id, r.cell_id, str(r.precision_stop).replace("_", " "), fmt.whole(r.measured_s, "{:.2f}"),
+              f"{int(r.n_measured)} of {int(r.repeats)}", reached, target, status_text(r))
     return t
 
 

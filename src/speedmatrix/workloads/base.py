@@ -60,6 +60,13 @@ class Cell:
     # how its requests decode (canonical JSON of the block's ``sampling``: temperature, top_p, seed,
     # frequency_penalty); "" greedy
     sampling: str = ""
+    # when it has measured enough (canonical JSON of ``measure.precision.Precision``: a sustained-decode cell's
+    # stopping rule, the experiment's `precision` with its block's over it); "" a cell without one
+    precision: str = ""
+
+    @property
+    def precision_settings(self) -> dict[str, Any]:
+        return json.loads(self.precision) if self.precision else {}
 
     @property
     def opts(self) -> dict[str, Any]:
@@ -104,7 +111,8 @@ class Cell:
             "repeats": self.repeats,
             # only where a kind has settings of its own (the other cells' definitions stay as they were)
             **({"options": self.opts} if self.options else {}),
-            **({"sampling": self.sampling_params} if self.sampling else {}),
+                        **({"sampling": self.sampling_params} if self.sampling else {}),
+            **({"precision": self.precision_settings} if self.precision else {}),
         }
 
     @classmethod
@@ -113,7 +121,8 @@ class Cell:
         return cls(d["server_id"], d["workload"], int(d["context_tokens"]), int(d["concurrency"]),
                    int(d["max_tokens"]), d["duration_s"], int(d["requests"]), d["shared_prefix"], d["corpus"],
                    int(d["repeats"]), json.dumps(d["options"], sort_keys=True) if "options" in d else "",
-                   json.dumps(d["sampling"], sort_keys=True) if "sampling" in d else "")
+                                      json.dumps(d["sampling"], sort_keys=True) if "sampling" in d else "",
+                   json.dumps(d["precision"], sort_keys=True) if "precision" in d else "")
 
 
 @dataclass

@@ -1,14 +1,17 @@
-"""Sustained decode: N requests in flight for a fixed window, each finished one replaced at once (seed 002)."""
+"""Sustained decode: N requests in flight for a window (fixed, or until output tok/s is precise enough:
+speedmatrix.measure.precision), each finished one replaced at once (seed 002)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from typing import Any
 
 from ..core import fmt
 from ..core.status import Status
 from ..core.table import Table
-from ..measure import client, stats, telemetry
+from ..measure import client, precision, stats, telemetry
 from .base import Cell, CellRun, Column, Measured, Workload, register, sampling_of
 
 FOOTNOTE = (
@@ -67,11 +70,23 @@ class Decode(Workload):
         Column("roofline_bound_ms", "ms", "derived", "decode at c1: weights over peak bandwidth"),
         Column("roofline_peak_bw_tb_s", "TB/s", "data/gpu_peaks.yaml", "the GPU's peak memory bandwidth"),
         Column("roofline_pct", "%", "derived", "the bound as a share of the measured time between tokens"),
+        # the stopping rule (speedmatrix.measure.precision; the experiment's `precision:`)
+        Column("precision_stop", "—", "`precision_stop`",
+               "why the cell stopped measuring: precise; fixed (the rule off: a published method's window); "
+               "max_window, max_repeats or too_few_requests (Unstable where the rule is on)"),
+        Column("precision_reached", "fraction", "`precision_reached`",
+               "the relative half-width of output tok/s's interval the cell reached (one repeat: its window's ten "
+               "batch means; several: the repeats' mean), at the rule's level for each look"),
+        Column("precision_target", "fraction", "`precision_target`", "the rule's target (empty: the rule off)"),
+        Column("repeats_measured", "count", "`repeats_measured`", "the repeats the cell measured, at most `repeats`"),
     )
+    PRECISION = ("precision_stop", "precision_reached", "precision_target", "repeats_measured")
 
     def expand(self, server_id: str, block: dict[str, Any]) -> list[Cell]:
+        rule = precision.Precision.of(block["precision"]).as_dict() if "precision" in block else None
         return [Cell(server_id, self.name, ctx, c, block["max_tokens"], float(block["duration_s"]),
-                     corpus=block["corpus"], repeats=block.get("repeats", 1), sampling=sampling_of(block))
+                     corpus=block["corpus"], repeats=block.get("repeats", 1), sampling=sampling_of(block),
+                     precision=json.dumps(rule, sort_keys=True) if rule else "")
                 for ctx in block["contexts"] for c in block["concurrency"]]
 
     async def prepare(self, run: CellRun) -> PromptQueue:
@@ -81,28 +96,53 @@ class Decode(Workload):
 
     async def measure(self, run: CellRun, queue: PromptQueue) -> Measured:
         cell, opts = run.cell, run.opts
-        run.progress(f"decode: {cell.concurrency} at once for {cell.duration_s:g} s, context {cell.context_tokens}")
+        rule = precision.Precision.of({"enabled": False, **cell.precision_settings})
+        looks: list[dict] = []
+
+        async def watch(window: client.Window, records: list[client.RequestRecord]) -> None:
+            """The stopping rule as the window runs: from steady state, a look at each of its times (no work per
+            streamed event); the first precise one ends the window."""
+            while (t_s := stats.steady_start(records, cell.concurrency)) is None:
+                await asyncio.sleep(0.05)
+            for at in precision.looks_at(t_s, cell.duration_s, rule):
+                await asyncio.sleep(max(0.0, window.t0 + at - time.monotonic()))
+                looks.append(precision.window_look(records, t_s, time.monotonic() - window.t0, rule))
+                if looks[-1]["precise"]:
+                    run.progress(f"precise at {looks[-1]['at_s']:.1f} s: output tok/s within "
+                                 f"±{looks[-1]['relative_half_width']:.1%} (target ±{rule.output_tok_s:.1%})")
+                    window.close()
+                    return
+
+        run.progress(f"decode: {cell.concurrency} at once for " + (
+            f"{min(rule.min_window_s, cell.duration_s):g} to {cell.duration_s:g} s (until output tok/s is within "
+            f"±{rule.output_tok_s:.1%})" if rule.enabled else f"{cell.duration_s:g} s")
+            + f", context {cell.context_tokens}")
         filling = asyncio.create_task(queue.producer())
         try:
-            _, records = await asyncio.wait_for(
+            window, records = await asyncio.wait_for(
                 client.closed_loop(run.url, run.model, queue.next, cell.concurrency, cell.duration_s, opts,
-                                   run.progress),
+                                   run.progress, watch if rule.enabled else None),
                 timeout=float(run.client.cell_timeout_s or cell.duration_s + opts.stall_timeout_s + 120),
             )
         finally:
             filling.cancel()
-        figures = stats.decode(records, cell.duration_s, cell.concurrency)
+        duration = window.end - window.t0
+        figures = stats.decode(records, duration, cell.concurrency)
         figures["prompts_built"] = queue.built
+        final = precision.window_look(records, stats.steady_start(records, cell.concurrency), duration, rule)
+        figures.update(precision.window_figures(rule, final, window.closed_at is not None, len(looks)))
         return Measured(figures, records)
 
     def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
                       provenance: dict[str, Any]) -> dict[str, Any]:
-        """At concurrency 1: the memory-bandwidth bound per token against the measured time."""
+        """The stopping rule's outcome; at concurrency 1, the memory-bandwidth bound per token against the measured
+        time."""
+        out = {k: result.get(k) for k in self.PRECISION}
         if cell["concurrency"] != 1:
-            return {}
+            return out
         r = telemetry.roofline(provenance.get("model_weights_gib"), result.get("gpu_name"),
                                result.get("median_tbt_ms"))
-        return {k: (r or {}).get(k) for k in self.column_names()}
+        return {**out, **{k: (r or {}).get(k) for k in self.column_names() if k not in self.PRECISION}}
 
     def report_table(self, m) -> Table:
         """Seed 002's "Sustained decode" table: rows = context, columns = concurrency."""
