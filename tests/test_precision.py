@@ -45,33 +45,6 @@ def test_batch_means_of_a_steady_stream_are_equal():
     assert precision.relative_half_width(precision.mean_interval(rates, 0.95)) == pytest.approx(0.0)
 
 
-@pytest.mark.parametrize("draw", ["normal", "lognormal"])
-def test_the_sequential_rule_keeps_its_error_rate(draw):
-    """Over many streams with a known mean, the share whose stopping interval misses it stays within alpha; a rule
-    that looks as often at the uncorrected level misses more."""
-    rule = precision.Rule(target=0.03, alpha=0.1, looks=8, min_n=3, max_n=40)
-    naive = precision.Rule(target=0.03, alpha=0.1 * 8, looks=8, min_n=3, max_n=40)  # each look at 1 - alpha
-    true_mean = {"normal": 100.0, "lognormal": 100.0 * 2.718281828459045 ** (0.05 ** 2 / 2)}[draw]
-
-    def stream(seed: int):
-        rng = random.Random(seed)
-        if draw == "normal":
-            return lambda: rng.gauss(100.0, 5.0)
-        return lambda: 100.0 * rng.lognormvariate(0.0, 0.05)
-
-    def miss_rate(r: precision.Rule) -> float:
-        runs, misses = 1500, 0
-        for seed in range(runs):
-            got = precision.run_sequentially(r, stream(seed))
-            lo, hi = got["interval"]
-            misses += not lo <= true_mean <= hi
-        return misses / runs
-
-    corrected = miss_rate(rule)
-    assert corrected <= rule.alpha + 3 * (rule.alpha * (1 - rule.alpha) / 1500) ** 0.5
-    assert miss_rate(naive) > corrected
-
-
 def synthetic_window(seed: int, streams: int = 2, gap_s: float = 0.01, sigma: float = 0.5, duration_s: float = 5.0,
                      burst: bool = False) -> list[SimpleNamespace]:
     """A decode window's requests with a known rate: each stream's events arrive after lognormal gaps of mean
@@ -90,54 +63,68 @@ def synthetic_window(seed: int, streams: int = 2, gap_s: float = 0.01, sigma: fl
     return out
 
 
-@pytest.mark.parametrize("burst", [False, True])
-def test_the_window_rule_keeps_its_error_rate(burst):
-    """The rule a decode window runs (looks from steady state, each at its corrected level, batch means of the
-    tokens as they arrived) stops on an interval that misses the stream's known rate in at most alpha of the
-    windows; the same looks at the uncorrected level miss more, and the rule does stop early on most."""
+@pytest.mark.parametrize("burst, repeats", [(False, 1), (True, 1), (True, 2)])
+def test_the_rule_keeps_its_error_rate(burst, repeats):
+    """The rule a decode cell runs (looks from steady state, each at its corrected level; batch means of the tokens
+    as they arrived, a cell's windows pooled) stops on an interval that misses the stream's known rate in at most
+    alpha of the cells; the same looks at the uncorrected level miss more, and the rule does stop early on most."""
     rule = precision.Precision.of({"output_tok_s": 0.08, "alpha": 0.1, "looks": 8, "min_window_s": 0.5})
-    naive = dataclasses.replace(rule, alpha=rule.alpha * rule.looks)
+    naive = dataclasses.replace(rule, alpha=rule.alpha * rule.looks * repeats)
     true_rate = 2 * (2.0 if burst else 1.0) / 0.01
 
     def misses(r: precision.Precision) -> tuple[float, float]:
-        runs, missed, early = 500, 0, 0
+        runs, missed, early = 400, 0, 0
         for seed in range(runs):
-            records = synthetic_window(seed, burst=burst)
-            t_steady = max(rec.first_token for rec in records)
-            stop, _ = precision.after_the_fact(records, t_steady, 5.0, r)
+            windows = [synthetic_window(seed * repeats + k, burst=burst) for k in range(repeats)]
+            stop, used = precision.after_the_fact([(w, max(rec.first_token for rec in w)) for w in windows], 5.0, r)
             lo, hi = stop["interval"]
             missed += not lo <= true_rate <= hi
-            early += stop["at_s"] < 5.0
+            early += used < repeats or stop["at_s"] < 5.0
         return missed / runs, early / runs
 
     corrected, stopped_early = misses(rule)
-    assert corrected <= rule.alpha + 3 * (rule.alpha * (1 - rule.alpha) / 500) ** 0.5
+    assert corrected <= rule.alpha + 3 * (rule.alpha * (1 - rule.alpha) / 400) ** 0.5
     assert stopped_early > 0.5
     assert misses(naive)[0] > corrected
 
 
-def test_the_repeats_rule_stops_when_precise_and_says_why_not():
-    rule = precision.Precision.of({"output_tok_s": 0.02, "min_repeats": 1})
-    window = {"precision_target": 0.02, "precision_ttft_samples": 10}
-    precise = {**window, "precision_stop": "precise", "precision_reached": 0.01, "output_throughput": 100.0}
-    wide = {**window, "precision_stop": "max_window", "precision_reached": 0.05, "output_throughput": 100.0}
-    assert precision.repeats_look(rule, [precise], "output_throughput", 3)["precision_stop"] == "precise"
-    assert precision.repeats_look(rule, [wide], "output_throughput", 3)["stop"] is False
-    assert precision.repeats_look(rule, [wide], "output_throughput", 1)["precision_stop"] == "max_window"
-    spread = [wide, {**wide, "output_throughput": 120.0}, {**wide, "output_throughput": 90.0}]
-    got = precision.repeats_look(rule, spread, "output_throughput", 3)
-    assert got["precision_stop"] == "max_repeats" and got["precision_reached"] > 0.02 and got["repeats_measured"] == 3
-    steady = [wide, {**wide, "output_throughput": 100.1}, {**wide, "output_throughput": 99.9}]
-    assert precision.repeats_look(rule, steady, "output_throughput", 3)["precision_stop"] == "precise"
+def test_a_cell_pools_its_windows_and_says_why_it_stopped():
+    """A second window adds its batch means to the first's (a window at another level widens the interval); the cell
+    stops at its first precise look once it has its fewest repeats, else at its most with the reason."""
+    rule = precision.Precision.of({"output_tok_s": 0.05, "min_repeats": 1})
+    first = synthetic_window(1)
+    t_s = max(r.first_token for r in first)
+    one = precision.window_figures(rule, precision.window_look(first, t_s, 5.0, rule, 2), looks=1)
+    assert len(one["precision_batches"]) == precision.BATCHES
+    again = synthetic_window(2)
+    pooled = precision.window_look(again, max(r.first_token for r in again), 5.0, rule, 2, [one])
+    assert pooled["relative_half_width"] < one["precision_reached"]  # twenty batch means at one level
+    assert pooled["ttft_samples"] == one["precision_ttft_samples"] + len(again)
+    slower = [SimpleNamespace(chunk_times=[t * 1.5 for t in r.chunk_times], chunk_tokens=r.chunk_tokens,
+                              first_token=r.first_token * 1.5) for r in again]
+    shifted = precision.window_look(slower, max(r.first_token for r in slower), 5.0, rule, 2, [one])
+    assert shifted["relative_half_width"] > pooled["relative_half_width"]  # the second window a third slower
+
+    met = {**one, "precision_met": True, "precision_reached": 0.01}
+    wide = {**one, "precision_met": False, "precision_reached": 0.2}
+    assert precision.cell_stop(rule, [met], 2)["precision_stop"] == "precise"
+    assert precision.cell_stop(rule, [wide], 2)["stop"] is False
+    assert precision.cell_stop(rule, [wide], 1)["precision_stop"] == "max_window"
+    got = precision.cell_stop(rule, [wide, wide], 2)
+    assert got["precision_stop"] == "max_repeats" and got["repeats_measured"] == 2 and got["precision_reached"] == 0.2
+    assert precision.cell_stop(dataclasses.replace(rule, min_repeats=2), [met], 2)["stop"] is False
     off = dataclasses.replace(rule, enabled=False)
-    assert precision.repeats_look(off, [precise], "output_throughput", 1)["precision_stop"] == "fixed"
-    assert precision.repeats_look(off, [precise], "output_throughput", 2)["stop"] is False
+    assert precision.cell_stop(off, [met], 1)["precision_stop"] == "fixed"
+    assert precision.cell_stop(off, [met], 2)["stop"] is False
+    assert rule.level(2) == pytest.approx(1 - rule.alpha / (rule.looks * 2)) and off.level(2) == 1 - rule.alpha
 
 
 def test_a_percentile_needs_its_samples_before_the_rule_stops():
     rule = precision.Precision.of({"output_tok_s": 0.5, "percentile": 99, "looks": 1})
-    assert rule.samples_needed == precision.samples_for_percentile(0.99, rule.level)
+    assert rule.samples_needed(1) == precision.samples_for_percentile(0.99, rule.level(1))
     records = synthetic_window(0)
-    look = precision.window_look(records, max(r.first_token for r in records), 5.0, rule)
+    look = precision.window_look(records, max(r.first_token for r in records), 5.0, rule, 1)
     assert look["relative_half_width"] <= 0.5 and not look["precise"]  # 2 requests, not the hundreds p99 needs
-    assert precision.window_stop(rule, look, closed_early=False) == "too_few_requests"
+    got = precision.cell_stop(rule, [precision.window_figures(rule, look, 1)], 1)
+    assert got["precision_stop"] == "too_few_requests"
+    assert "too few requests" in precision.unmet(got, 5.0)

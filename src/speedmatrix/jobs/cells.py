@@ -258,7 +258,7 @@ async def _repeats(session: aiohttp.ClientSession, cell: Cell, inp: MeasureInput
             inp.progress(f"repeat {k} of {most}{cell.repeats}")
         run = CellRun(cell, inp.url, inp.model, opts, made.source, made.build, before_raw, inp.client, inp.progress,
                       scrape=lambda: _counters(inp.url), repeat=k, build_in_window=made.in_window, kv_tokens=kv,
-                      records=inp.dataset)
+                      records=inp.dataset, earlier=list(per_repeat))
         prepared = await cell.kind.prepare(run)  # prompts are built before the clock starts
         if t_wall is None:
             t_wall = time.time()
@@ -275,7 +275,7 @@ async def _repeats(session: aiohttp.ClientSession, cell: Cell, inp: MeasureInput
         if measured.passes:
             per_passes.append(measured.passes)
         if rule is not None:
-            look = precision.repeats_look(rule, per_repeat, cell.kind.stability_figure, cell.repeats)
+            look = precision.cell_stop(rule, per_repeat, cell.repeats)
             if look["stop"]:
                 break
     figures = stats.combine(per_repeat, worst=clientcheck.FIGURES)
@@ -283,8 +283,7 @@ async def _repeats(session: aiohttp.ClientSession, cell: Cell, inp: MeasureInput
     if len(per_repeat) > 1:
         figures["repeat_figures"] = per_repeat  # each repeat's own figures, in order
     if look:  # the cell's precision: why it stopped, what it reached (its windows' own: in repeat_figures)
-        figures.update({k: look[k] for k in ("precision_stop", "precision_reached", "precision_target",
-                                             "repeats_measured")})
+        figures.update({k: v for k, v in look.items() if k != "stop"})
     figures["requests_s"] = round(requests_s, 3)
     return figures, passes, records, t_wall
 

@@ -1,19 +1,20 @@
-"""When a figure is precise enough to stop measuring it: intervals, the samples a percentile needs, and a
-sequential rule whose repeated looks keep their error rate.
+"""When a decode cell has measured enough: intervals, the samples a percentile needs, and a sequential rule whose
+repeated looks keep their error rate (docs/decisions/0028-precision-instead-of-fixed-time.md).
 
 - A **rate over a window** (output tok/s of a steady decode window) is a time series, not independent samples:
   its interval comes from *non-overlapping batch means* (the window cut into equal batches, each batch's rate a
   sample; Law and Kelton, "Simulation Modeling and Analysis", the method of batch means), with Student's t over
   the batches.
-- **Repeats** of a cell are independent: their mean's interval is Student's t over the repeats.
+- A cell's **repeats** are more windows of the same cell: each adds its batch means to the interval (a window
+  at another level widens it; their spread is also judged by the CV rule, ``stability.max_cv``).
 - A **percentile** (p99 TTFT) has a distribution-free interval between two order statistics (the binomial
   ranks around n·q); with too few samples no such interval exists at the level asked, and
   :func:`samples_for_percentile` says how many it needs.
 - **Looking repeatedly** inflates the chance that some look's interval misses: the rule looks on a fixed
-  schedule (at most ``looks`` looks) and splits the error rate over them (Bonferroni: each look at level
-  1 - alpha / looks), so the chance that the interval the rule stops on misses the true value stays at most
-  alpha (tests/test_precision.py measures it on streams with a known answer).
-"""
+  schedule (at most ``looks`` looks a window, ``repeats`` windows) and splits the error rate over all of them
+  (Bonferroni: each look at level 1 - alpha / (looks x repeats)), so the chance that the interval the rule stops
+  on misses the true value stays at most alpha (tests/test_precision.py measures it on streams with a known
+  answer)"""
 
 from __future__ import annotations
 
@@ -150,55 +151,7 @@ def samples_for_percentile(q: float, level: float, limit: int = 100_000) -> int:
     raise ValueError(f"more than {limit} samples for the {q} quantile at level {level}")
 
 
-@dataclass(frozen=True)
-class Rule:
-    """When to stop: the interval's relative half-width at most ``target`` (e.g. 0.02: ±2 %), at error rate
-    ``alpha`` over at most ``looks`` looks (each look at level 1 - alpha / looks), never before ``min_n``
-    samples; ``max_n`` samples end it without the precision."""
-
-    target: float
-    alpha: float
-    looks: int
-    min_n: int
-    max_n: int
-
-    @property
-    def level(self) -> float:
-        """Each look's level: the error rate split over the looks (Bonferroni)."""
-        return 1.0 - self.alpha / self.looks
-
-    def schedule(self) -> list[int]:
-        """The sample counts it looks at: ``min_n``, then evenly to ``max_n`` (at most ``looks`` looks)."""
-        if self.max_n <= self.min_n:
-            return [self.max_n]
-        step = (self.max_n - self.min_n) / max(1, self.looks - 1)
-        return sorted({min(self.max_n, round(self.min_n + k * step)) for k in range(self.looks)})
-
-    def look(self, values: Sequence[float]) -> dict[str, Any]:
-        """The rule's answer for the samples so far: stop or go on, why, and the interval it reached."""
-        n = len(values)
-        ci = mean_interval(values, self.level)
-        rel = relative_half_width(ci)
-        if n >= self.min_n and rel is not None and rel <= self.target:
-            return {"stop": True, "reason": "precise", "n": n, "interval": ci, "relative_half_width": rel}
-        if n >= self.max_n:
-            return {"stop": True, "reason": "max_reached", "n": n, "interval": ci, "relative_half_width": rel}
-        return {"stop": False, "reason": None, "n": n, "interval": ci, "relative_half_width": rel}
-
-
-def run_sequentially(rule: Rule, draw) -> dict[str, Any]:
-    """Draw samples (``draw()`` gives the next one) and look at the rule's schedule until it stops."""
-    values: list[float] = []
-    for n in rule.schedule():
-        while len(values) < n:
-            values.append(float(draw()))
-        got = rule.look(values)
-        if got["stop"]:
-            return {**got, "values": values}
-    return {**rule.look(values), "stop": True, "reason": "max_reached", "values": values}
-
-
-# a decode window's rate interval: from this many batch means of the steady window so far
+# a decode window's rate interval: from this many batch means of its steady part
 BATCHES = 10
 # why a cell stopped measuring (its result's ``precision_stop``); the last three are Unstable where the rule is on
 PRECISE, FIXED, MAX_WINDOW, MAX_REPEATS, TOO_FEW = "precise", "fixed", "max_window", "max_repeats", "too_few_requests"
@@ -207,12 +160,13 @@ UNMET = (MAX_WINDOW, MAX_REPEATS, TOO_FEW)
 
 @dataclass(frozen=True)
 class Precision:
-    """A sustained-decode cell's stopping rule (the experiment's ``precision:``, a block's own over it; keys and
-    defaults: the schema). The longest window is the block's ``duration_s`` and the most repeats its ``repeats``;
-    the rule stops earlier where the figure is precise: output tok/s's interval within ``output_tok_s`` of its
-    middle (relative half-width), and, with ``percentile``, enough requests for that TTFT percentile's
-    distribution-free interval. ``enabled: false`` measures the fixed window and repeats (a published method's)
-    and still reports the precision they reached."""
+    """A sustained-decode cell's stopping rule (the experiment's ``precision:``, a block's own keys over it; keys
+    and defaults: the schema). The longest window is the block's ``duration_s`` and the most repeats its
+    ``repeats``. A cell is one sequence of windows (its repeats): at each look, output tok/s's interval comes from
+    the batch means of every window so far (:data:`BATCHES` a window), and the first look within ``output_tok_s``
+    of its middle (relative half-width) ends the cell, once it has ``min_repeats`` windows; with ``percentile``,
+    the requests that TTFT percentile's distribution-free interval needs are part of the target. ``enabled: false``
+    measures the fixed windows and repeats (a published method's) and still reports the precision they reached."""
 
     enabled: bool
     output_tok_s: float
@@ -230,92 +184,78 @@ class Precision:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    @property
-    def level(self) -> float:
-        """Each look's level within a window: alpha split over its looks (Bonferroni); a fixed window: one look."""
-        return 1.0 - self.alpha / (self.looks if self.enabled else 1)
-
-    def repeats_level(self, max_repeats: int) -> float:
-        """Each look's level over the repeats: alpha split over the repeat counts it looks at."""
-        looks = max(1, max_repeats - self.min_repeats + 1) if self.enabled else 1
-        return 1.0 - self.alpha / looks
+    def level(self, repeats: int) -> float:
+        """Each look's level in a cell of at most ``repeats`` windows: alpha split over all the looks it may make
+        (Bonferroni); the rule off looks once, at the end, at 1 - alpha."""
+        return 1.0 - self.alpha / (self.looks * repeats) if self.enabled else 1.0 - self.alpha
 
     def window_looks(self, duration_s: float) -> list[float]:
         """The seconds of steady state at which a window is looked at: ``min_window_s``, then evenly to the
-        longest window (at most ``looks`` looks; the window's end is the last)."""
+        longest window (at most ``looks`` looks)."""
         lo = min(self.min_window_s, duration_s)
         if self.looks <= 1 or duration_s <= lo:
             return [duration_s]
         step = (duration_s - lo) / (self.looks - 1)
         return [lo + k * step for k in range(self.looks)]
 
-    @property
-    def samples_needed(self) -> int | None:
+    def samples_needed(self, repeats: int) -> int | None:
         """The requests (TTFTs) the percentile's interval needs at each look's level; None without a percentile."""
-        return None if self.percentile is None else samples_for_percentile(self.percentile / 100.0, self.level)
+        return None if self.percentile is None else samples_for_percentile(self.percentile / 100.0,
+                                                                           self.level(repeats))
 
 
-def window_look(records: Sequence[Any], t_steady: float | None, t_at: float, rule: Precision) -> dict[str, Any]:
-    """A decode window's precision at ``t_at`` (seconds since its start): output tok/s over the steady part
-    (from ``t_steady``) from :data:`BATCHES` batch means of the tokens as they arrived, the requests that had
-    their first token, and whether the rule's target is met. ``records``: the window's requests (their
-    ``chunk_times``, ``chunk_tokens``, ``first_token``)."""
-    if t_steady is None or t_at <= t_steady:
-        return {"at_s": t_at, "interval": None, "relative_half_width": None, "ttft_samples": 0, "precise": False}
-    times, amounts = [], []
-    for r in records:
-        times += r.chunk_times
-        amounts += r.chunk_tokens
-    ci = mean_interval(batch_means(times, amounts, t_steady, t_at, BATCHES), rule.level)
+def window_look(records: Sequence[Any], t_steady: float | None, t_at: float, rule: Precision, repeats: int,
+                earlier: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The cell's precision at ``t_at`` (seconds since this window's start): output tok/s's interval from the batch
+    means of this window's steady part so far (from ``t_steady``; the tokens as they arrived) and of the cell's
+    ``earlier`` windows (their :func:`window_figures`), the requests with a first token, and whether the target is
+    met. ``records``: this window's requests (``chunk_times``, ``chunk_tokens``, ``first_token``); ``repeats``:
+    the most windows the cell has (each look's level)."""
+    batches = [b for w in earlier for b in w.get("precision_batches") or []]
+    ttfts = int(earlier[-1].get("precision_ttft_samples") or 0) if earlier else 0  # the cell's so far
+    if t_steady is not None and t_at > t_steady:
+        times, amounts = [], []
+        for r in records:
+            times += r.chunk_times
+            amounts += r.chunk_tokens
+        batches += batch_means(times, amounts, t_steady, t_at, BATCHES)
+        ttfts += sum(1 for r in records if r.first_token is not None and r.first_token <= t_at)
+    own = batches[len(batches) - BATCHES:] if t_steady is not None and t_at > t_steady else []
+    ci = mean_interval(batches, rule.level(repeats))
     rel = relative_half_width(ci)
-    ttfts = sum(1 for r in records if r.first_token is not None and r.first_token <= t_at)
-    need = rule.samples_needed
-    return {"at_s": t_at, "interval": ci, "relative_half_width": rel, "ttft_samples": ttfts,
+    need = rule.samples_needed(repeats)
+    return {"at_s": t_at, "interval": ci, "relative_half_width": rel, "ttft_samples": ttfts, "batches": own,
             "precise": rel is not None and rel <= rule.output_tok_s and (need is None or ttfts >= need)}
 
 
-def window_stop(rule: Precision, final: dict[str, Any], closed_early: bool) -> str:
-    """Why a window ended: precise (at a look, or at its end), fixed (the rule off), too few requests (no steady
-    part, or fewer than the percentile needs), or its longest window reached without the precision."""
-    if not rule.enabled:
-        return FIXED
-    if final["precise"] or closed_early:
-        return PRECISE
-    if final["relative_half_width"] is None or final["relative_half_width"] <= rule.output_tok_s:
-        return TOO_FEW
-    return MAX_WINDOW
-
-
-def window_figures(rule: Precision, final: dict[str, Any], closed_early: bool, looks: int) -> dict[str, Any]:
-    """A window's figures of its precision (a decode repeat's result keys): why it ended, the relative half-width
-    of output tok/s's interval it reached, the looks made, the requests with a first token, and the target."""
-    return {"precision_stop": window_stop(rule, final, closed_early),
-            "precision_reached": final["relative_half_width"], "precision_looks": looks,
+def window_figures(rule: Precision, final: dict[str, Any], looks: int) -> dict[str, Any]:
+    """A window's figures of the cell's precision (a decode repeat's result keys): the relative half-width the
+    cell reached with it, the looks made, this window's batch means and first tokens (the next window pools
+    them), and the target."""
+    return {"precision_reached": final["relative_half_width"], "precision_met": final["precise"],
+            "precision_looks": looks, "precision_batches": [round(b, 3) for b in final["batches"]],
+            # the cell's requests with a first token so far, this window's included
             "precision_ttft_samples": final["ttft_samples"],
             "precision_target": rule.output_tok_s if rule.enabled else None}
 
 
-def repeats_look(rule: Precision, repeats: Sequence[dict[str, Any]], figure: str, max_repeats: int) -> dict[str, Any]:
-    """After each repeat of a cell (``repeats``: their figures so far, :func:`window_figures` among them): stop or
-    measure again, why, and the precision the cell has. One repeat's precision is its window's; several repeats'
-    is the interval of their ``figure``'s mean (Student's t over the repeats, each look at
-    :meth:`Precision.repeats_level`)."""
-    n = len(repeats)
-    need = rule.samples_needed
-    if n == 1:
-        rel, met = repeats[0]["precision_reached"], repeats[0]["precision_stop"] == PRECISE
-    else:
-        values = [r[figure] for r in repeats if r.get(figure) is not None]
-        rel = relative_half_width(mean_interval(values, rule.repeats_level(max_repeats)))
-        met = (rel is not None and rel <= rule.output_tok_s
-               and (need is None or sum(r["precision_ttft_samples"] for r in repeats) >= need))
-    out = {"precision_reached": rel, "repeats_measured": n, "precision_target": repeats[-1]["precision_target"]}
-    if rule.enabled and met and n >= rule.min_repeats:
+def cell_stop(rule: Precision, windows: Sequence[dict[str, Any]], max_repeats: int) -> dict[str, Any]:
+    """After each window of a cell (``windows``: their figures so far): stop or measure again, and why. The cell's
+    precision is its last look's (every window so far pooled)."""
+    n, last = len(windows), windows[-1]
+    out = {"precision_reached": last["precision_reached"], "repeats_measured": n,
+           "precision_target": last["precision_target"], "precision_ttft_samples": last["precision_ttft_samples"]}
+    if rule.enabled and last["precision_met"] and n >= rule.min_repeats:
         return {**out, "stop": True, "precision_stop": PRECISE}
-    if n >= max_repeats:
-        why = FIXED if not rule.enabled else repeats[0]["precision_stop"] if n == 1 else MAX_REPEATS
-        return {**out, "stop": True, "precision_stop": why}
-    return {**out, "stop": False, "precision_stop": None}
+    if n < max_repeats:
+        return {**out, "stop": False, "precision_stop": None}
+    if not rule.enabled:
+        why = FIXED
+    elif last["precision_reached"] is None or last["precision_reached"] <= rule.output_tok_s:
+        why = TOO_FEW  # no steady part, or the percentile's requests short
+    else:
+        why = MAX_WINDOW if max_repeats == 1 else MAX_REPEATS
+    return {**out, "stop": True, "precision_stop": why}
 
 
 def looks_at(t_steady: float, duration_s: float, rule: Precision) -> list[float]:
@@ -324,17 +264,24 @@ def looks_at(t_steady: float, duration_s: float, rule: Precision) -> list[float]
     return [t_steady + w for w in rule.window_looks(duration_s) if t_steady + w < duration_s]
 
 
-def after_the_fact(records: Sequence[Any], t_steady: float | None, duration_s: float,
+def after_the_fact(windows: Sequence[tuple[Sequence[Any], float | None]], duration_s: float,
                    rule: Precision) -> tuple[dict[str, Any], int]:
-    """Where the rule would have ended a window already measured: (the look it stops at, else the window's end;
-    the looks made). The live rule (``workloads.decode``) makes the same looks as the window runs."""
-    made = 0
-    for at in looks_at(t_steady, duration_s, rule) if t_steady is not None and rule.enabled else []:
-        made += 1
-        look = window_look(records, t_steady, at, rule)
-        if look["precise"]:
-            return look, made
-    return window_look(records, t_steady, duration_s, rule), made
+    """Where the rule would have ended a cell already measured (``windows``: each repeat's requests and steady
+    start, in order; at most that many repeats): (the look it stops at, else the last window's end; the windows it
+    used). The live rule (``workloads.decode``, ``jobs.cells``) makes the same looks as the windows run."""
+    earlier: list[dict[str, Any]] = []
+    repeats = len(windows)
+    for n, (records, t_steady) in enumerate(windows, 1):
+        if rule.enabled and n >= rule.min_repeats and t_steady is not None:
+            for at in looks_at(t_steady, duration_s, rule):
+                look = window_look(records, t_steady, at, rule, repeats, earlier)
+                if look["precise"]:
+                    return look, n
+        final = window_look(records, t_steady, duration_s, rule, repeats, earlier)
+        if rule.enabled and final["precise"] and n >= rule.min_repeats:
+            return final, n
+        earlier.append(window_figures(rule, final, 0))
+    return final, repeats
 
 
 def unmet(result: dict[str, Any], duration_s: float | None) -> str | None:
@@ -344,7 +291,8 @@ def unmet(result: dict[str, Any], duration_s: float | None) -> str | None:
         return None
     reached = "no interval" if rel is None else f"±{rel:.1%}"
     where = {MAX_WINDOW: f"after its longest window ({duration_s:g} s)",
-             MAX_REPEATS: f"after its last repeat ({result.get('repeats_measured')})",
+             MAX_REPEATS: f"after its last repeat ({result.get('repeats_measured')} windows of at most "
+                          f"{duration_s:g} s)",
              TOO_FEW: "with too few requests (no steady part, or fewer than its latency percentile needs: "
                       f"{result.get('precision_ttft_samples')} with a first token)"}[stop]
     return f"output tok/s {reached} {where}, target ±{target:.1%}"

@@ -343,11 +343,11 @@ def measured_repeats(m: pd.DataFrame) -> pd.Series:
 
 def precision_rows(m: pd.DataFrame) -> pd.DataFrame:
     """The measured cells with a stopping rule's outcome (sustained decode), each with the seconds it measured
-    (its median window x its repeats) against the most it could have (``duration_s`` x ``repeats``)."""
+    (``measured_s``: its windows summed) against the most it could have (``duration_s`` x ``repeats``)."""
     if "precision_stop" not in m:
         return m.iloc[0:0]
     d = m[m["precision_stop"].notna() & (m["status"] != Status.OVER_CAPACITY)]
-    return d.assign(n_measured=measured_repeats(d), s_measured=pd.to_numeric(d["measured_s"]) * measured_repeats(d),
+    return d.assign(n_measured=measured_repeats(d), s_measured=pd.to_numeric(d["measured_s"]),
                     s_most=pd.to_numeric(d["duration_s"]) * pd.to_numeric(d["repeats"]).fillna(1))
 
 
@@ -368,7 +368,7 @@ def precision_table(m: pd.DataFrame) -> Table | None:
     d = precision_rows(m)
     if d.empty:
         return None
-    t = Table(["Server config", "Cell", "Stopped", "Window (s)", "Repeats", "Output tok/s interval", "Target",
+    t = Table(["Server config", "Cell", "Stopped", "Windows (s)", "Repeats", "Output tok/s interval", "Target",
                "Status"])
     for r in by_phase(d, "server_id", "context_tokens", "concurrency").itertuples():
         reached = "—" if fmt.missing(r.precision_reached) else f"±{float(r.precision_reached):.1%}"

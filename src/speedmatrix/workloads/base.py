@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import pandas as pd
@@ -147,6 +147,8 @@ class CellRun:
     build_in_window: Callable[[list[list[int]]], Awaitable[list]] | None = None
     # the records of the dataset the cell names, where its kind reads them itself (a trace's requests)
     records: list | None = None
+    # the figures of the cell's earlier repeats, in order (a decode window's stopping rule pools their windows)
+    earlier: list[dict[str, Any]] = field(default_factory=list)
     # added to the prompts' salt: a step of a search that must not find the last step's blocks cached
     salt_extra: str = ""
 

@@ -97,6 +97,9 @@ class Decode(Workload):
     async def measure(self, run: CellRun, queue: PromptQueue) -> Measured:
         cell, opts = run.cell, run.opts
         rule = precision.Precision.of({"enabled": False, **cell.precision_settings})
+        # the cell's windows so far are pooled; the window may end early once the cell has its fewest repeats
+        earlier = [f for f in run.earlier if f.get("precision_batches") is not None]
+        may_close = rule.enabled and run.repeat >= rule.min_repeats
         looks: list[dict] = []
 
         async def watch(window: client.Window, records: list[client.RequestRecord]) -> None:
@@ -106,7 +109,8 @@ class Decode(Workload):
                 await asyncio.sleep(0.05)
             for at in precision.looks_at(t_s, cell.duration_s, rule):
                 await asyncio.sleep(max(0.0, window.t0 + at - time.monotonic()))
-                looks.append(precision.window_look(records, t_s, time.monotonic() - window.t0, rule))
+                looks.append(precision.window_look(records, t_s, time.monotonic() - window.t0, rule, cell.repeats,
+                                                   earlier))
                 if looks[-1]["precise"]:
                     run.progress(f"precise at {looks[-1]['at_s']:.1f} s: output tok/s within "
                                  f"±{looks[-1]['relative_half_width']:.1%} (target ±{rule.output_tok_s:.1%})")
@@ -115,13 +119,13 @@ class Decode(Workload):
 
         run.progress(f"decode: {cell.concurrency} at once for " + (
             f"{min(rule.min_window_s, cell.duration_s):g} to {cell.duration_s:g} s (until output tok/s is within "
-            f"±{rule.output_tok_s:.1%})" if rule.enabled else f"{cell.duration_s:g} s")
+            f"±{rule.output_tok_s:.1%})" if may_close else f"{cell.duration_s:g} s")
             + f", context {cell.context_tokens}")
         filling = asyncio.create_task(queue.producer())
         try:
             window, records = await asyncio.wait_for(
                 client.closed_loop(run.url, run.model, queue.next, cell.concurrency, cell.duration_s, opts,
-                                   run.progress, watch if rule.enabled else None),
+                                   run.progress, watch if may_close else None),
                 timeout=float(run.client.cell_timeout_s or cell.duration_s + opts.stall_timeout_s + 120),
             )
         finally:
@@ -129,8 +133,9 @@ class Decode(Workload):
         duration = window.end - window.t0
         figures = stats.decode(records, duration, cell.concurrency)
         figures["prompts_built"] = queue.built
-        final = precision.window_look(records, stats.steady_start(records, cell.concurrency), duration, rule)
-        figures.update(precision.window_figures(rule, final, window.closed_at is not None, len(looks)))
+        final = precision.window_look(records, stats.steady_start(records, cell.concurrency), duration, rule,
+                                      cell.repeats, earlier)
+        figures.update(precision.window_figures(rule, final, len(looks)))
         return Measured(figures, records)
 
     def matrix_fields(self, cell: dict[str, Any], result: dict[str, Any],
