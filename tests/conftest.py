@@ -80,7 +80,9 @@ def running_decode_cell(res: Path, finished: int, server_id: str = "base") -> st
 
 
 # cells long enough to kill something during one
-LIFECYCLE_WORKLOADS = {"decode": {"contexts": [128], "concurrency": [1, 2, 4], "duration_s": 8, "max_tokens": 64}}
+# fixed 8 s windows (a block's own `precision` over the experiment's): the lifecycle tests stop things mid-cell
+LIFECYCLE_WORKLOADS = {"decode": {"contexts": [128], "concurrency": [1, 2, 4], "duration_s": 8, "max_tokens": 64,
+                                  "precision": {"enabled": False}}}
 
 
 def starts(results: Path) -> dict[str, int]:

@@ -177,9 +177,9 @@ def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
                     "PCIe and memory bandwidth; docs/gpu.md gives the interference measured). `parallel: false` "
                     "in an experiment measures its cells alone.", sections.beside_table(matrix))
     out += _section("Precision", "How long each sustained-decode cell measured: its window ends at the first look "
-                    "where output tok/s's interval is within the target, its repeats stop when theirs is, and a cell "
-                    "that reaches its longest window or last repeat without it is Unstable (`precision:` in the "
-                    "experiment; docs/decisions/0028-precision-instead-of-fixed-time.md). "
+                    "where output tok/s's interval is within the target (a repeat adds its window to the earlier "
+                    "ones), and a cell that reaches its longest window or last repeat without it is Unstable "
+                    "(`precision:` in the experiment; docs/decisions/0028-precision-instead-of-fixed-time.md). "
                     + (sections.precision_summary(matrix) or ""), sections.precision_table(matrix))
     out += _section("Run-to-run spread", "The same cell measured again (`repeats`), each run a new set of requests "
                     "on the same server.", sections.spread_table(matrix))

@@ -75,8 +75,8 @@ class Decode(Workload):
                "why the cell stopped measuring: precise; fixed (the rule off: a published method's window); "
                "max_window, max_repeats or too_few_requests (Unstable where the rule is on)"),
         Column("precision_reached", "fraction", "`precision_reached`",
-               "the relative half-width of output tok/s's interval the cell reached (one repeat: its window's ten "
-               "batch means; several: the repeats' mean), at the rule's level for each look"),
+               "the relative half-width of output tok/s's interval the cell reached: ten batch means of each of its "
+               "windows, pooled over its repeats, at the level of each of the rule's looks"),
         Column("precision_target", "fraction", "`precision_target`", "the rule's target (empty: the rule off)"),
         Column("repeats_measured", "count", "`repeats_measured`", "the repeats the cell measured, at most `repeats`"),
     )
