@@ -147,6 +147,29 @@ def test_a_bad_value_inside_a_list_of_blocks_names_its_key(exp_dir):
         experiment.load("tiny-cpu", exp_dir)
 
 
+def test_a_stopping_rule_that_cannot_stop_is_refused_where_it_was_given(exp_dir):
+    """The experiment's precision, a block's own over it: the cells carry the merged rule, and a rule that could
+    never stop a window early (or asks more repeats than the block measures) names the file and the key."""
+    def own(d: dict) -> None:
+        first_decode(d)["precision"] = {"output_tok_s": 0.05}
+    write(exp_dir, "own", own)
+    cells = [c for c in experiment.load("own", exp_dir).cells("base") if c.workload == "decode"]
+    rules = {c.precision_settings["output_tok_s"] for c in cells}
+    assert rules == {0.05, 0.1}  # the first block's own, the other block's the experiment's
+    assert all(c.precision_settings["min_window_s"] == 1 for c in cells)  # the experiment's, under the block's
+
+    write(exp_dir, "bad", lambda d: d["precision"].update(min_window_s=3))
+    with pytest.raises(experiment.ConfigError, match=r"bad.yaml: key 'precision.min_window_s': 3 s is not shorter "
+                       r"than workloads.decode\[0\].duration_s \(3 s"):
+        experiment.load("bad", exp_dir)
+    write(exp_dir, "bad", lambda d: first_decode(d).update(precision={"min_repeats": 3}))
+    with pytest.raises(experiment.ConfigError, match=r"key 'workloads.decode\[0\].precision.min_repeats': 3 is more "
+                       r"than workloads.decode\[0\]'s repeats \(2"):
+        experiment.load("bad", exp_dir)
+    write(exp_dir, "off", lambda d: d["precision"].update(enabled=False, min_window_s=3))
+    assert experiment.load("off", exp_dir)  # a rule that is off stops nothing
+
+
 def test_the_schemas_defaults_are_applied_once_when_an_experiment_loads(exp_dir):
     """Every default lives in the schema: a loaded experiment has them filled, the client's typed settings
     carry them, and nothing else repeats them."""

@@ -245,8 +245,7 @@ class Experiment:
 
     @property
     def default_repeats(self) -> int:
-        """Repeats of a cell whose block does not say: 3 on a GPU runtime, 1 on the CPU default."""
-        return 1 if self.runtime["device"] == "cpu" else 3
+        return default_repeats(self.runtime)
 
     def cells(self, server_id: str | None = None) -> list[Cell]:
         out: list[Cell] = []
@@ -467,6 +466,37 @@ def _check_datasets(exp: dict[str, Any], source: str) -> list[str]:
     return problems
 
 
+def default_repeats(runtime: dict[str, Any]) -> int:
+    """Repeats of a cell whose block does not say: 3 on a GPU runtime, 1 on the CPU default."""
+    return 1 if runtime["device"] == "cpu" else 3
+
+
+def _check_precision(exp: dict[str, Any], source: str) -> list[str]:
+    """A decode block's stopping rule can stop it: a shortest window below its longest (``duration_s``), at most as
+    many repeats at least as at most (``repeats``)."""
+    problems = []
+    for kind, key, block in _blocks_with_keys(exp):
+        if kind != "decode":
+            continue
+        own = block.get("precision") or {}
+        rule = {**exp["precision"], **own}
+        if not rule["enabled"]:
+            continue
+
+        def at(name: str, own: dict = own, key: str = key) -> str:  # where the setting was given
+            return f"{key}.precision.{name}" if name in own else f"precision.{name}"
+
+        if rule["min_window_s"] >= block["duration_s"]:
+            problems.append(f"{source}: key '{at('min_window_s')}': {rule['min_window_s']:g} s is not shorter than "
+                            f"{key}.duration_s ({block['duration_s']:g} s, the longest window): the rule could never "
+                            "stop a window early; lower it, or turn the rule off (precision: {enabled: false})")
+        most = block.get("repeats", default_repeats(exp["runtime"]))
+        if rule["min_repeats"] > most:
+            problems.append(f"{source}: key '{at('min_repeats')}': {rule['min_repeats']} is more than {key}'s "
+                            f"repeats ({most}, the most a cell measures): raise repeats or lower min_repeats")
+    return problems
+
+
 def _check_client_and_models(exp: dict[str, Any], source: str) -> list[str]:
     problems = []
     client_cfg = exp.get("client", {})
@@ -488,7 +518,7 @@ def _check_references(exp: dict[str, Any], source: str) -> None:
     problems = _check_servers(exp, entries, source) + _check_slos(exp, entries, source)
     if not problems:  # the cells can be expanded only from known models, workloads and targets
         problems = (_check_cells(exp, entries, source) + _check_client_and_models(exp, source)
-                    + _check_datasets(exp, source))
+                    + _check_datasets(exp, source) + _check_precision(exp, source))
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
 
