@@ -32,7 +32,7 @@ BLOCK = re.compile(r"(<!-- generated: (?P<kind>\w+) (?P<file>\S+) -->\n)(?P<body
 
 def speculation(path: Path) -> str:
     """Per speculative config, its output tok/s against the same decode cells without speculation (median and
-    range) and its acceptance: the report's "Does speculation pay here?" table, from a matrix."""
+    range) and its acceptance: the report's "Each speculative config" table, from a matrix."""
     # one thread: Arrow's reading threads can abort a short script's exit ("terminate called without an active
     # exception", apache/arrow#34314; 1 exit in 60 here with threads, none in 60 without)
     table = sections.speculation_pays_table(pd.read_parquet(path, use_threads=False))

@@ -117,6 +117,51 @@ def test_the_report_opens_offline_with_every_chart_drawn(browser, tmp_path):
     assert browser.find_elements("css selector", "span.legend.st-unstable")
 
 
+# each section's extent on the page: from its heading to the last element before the next heading or the contents
+EXTENTS_JS = """
+const out = {};
+for (const id of arguments[0]) {
+  const h = document.getElementById(id);
+  if (!h) { out[id] = null; continue; }
+  let bottom = h.getBoundingClientRect().bottom, el = h.nextElementSibling, first = null;
+  while (el && !['H1', 'H2', 'H3', 'NAV'].includes(el.tagName)) {
+    if (!first) first = el.tagName;
+    bottom = Math.max(bottom, el.getBoundingClientRect().bottom);
+    el = el.nextElementSibling;
+  }
+  out[id] = {top: h.getBoundingClientRect().top, bottom: bottom, first: first};
+}
+out.viewport = [window.innerWidth, window.innerHeight, document.documentElement.scrollWidth];
+return out;
+"""
+FIRST_SCREEN = ["summary", "where-speculation-pays", "each-config-against-the-targets"]
+
+
+def test_the_first_screen_answers_at_1440_by_900(browser, tmp_path):
+    """The verdict, the speed-up matrix with its crossovers and the configs against the targets: measured in the
+    page, every one of them inside a 1440 x 900 viewport, in that order, before the rest of the summary."""
+    page = build_report(tmp_path)
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                            {"width": 1440, "height": 900, "deviceScaleFactor": 1, "mobile": False})
+    try:
+        browser.get(page.as_uri())
+        seen = browser.execute_script(EXTENTS_JS, [*FIRST_SCREEN, "best-config-per-target"])
+        browser.save_screenshot(str(tmp_path / "first-screen-1440x900.png"))
+        verdict = browser.find_element("css selector", "h2#summary + p").text
+        tables = [t.text for t in browser.find_elements("css selector", "h3#where-speculation-pays ~ table")[:2]]
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    width, height, scroll_width = seen["viewport"]
+    assert (width, height) == (1440, 900) and scroll_width <= width, seen["viewport"]
+    for sid in FIRST_SCREEN:
+        assert seen[sid] is not None and 0 <= seen[sid]["top"] and seen[sid]["bottom"] <= height, (sid, seen)
+    assert seen["summary"]["first"] == "P" and seen["where-speculation-pays"]["bottom"] <= \
+        seen["each-config-against-the-targets"]["top"]
+    assert seen["best-config-per-target"]["top"] >= seen["each-config-against-the-targets"]["bottom"]
+    assert verdict.startswith("Best config (sustained decode) for interactive (A)") and "Speculation: mtp2" in verdict
+    assert "×" in tables[0] and "★" in tables[1]
+
+
 def test_a_table_sorts_by_a_click_on_its_column(browser, tmp_path):
     page = build_report(tmp_path)
     browser.get(page.as_uri())

@@ -45,6 +45,12 @@ class Image:
 
 
 @dataclass
+class Contents:
+    """Where the page's table of contents and status legend go (HTML only; without one: before the first
+    second-level heading)."""
+
+
+@dataclass
 class Figure:
     """A chart: drawn from ``spec`` (Vega-Lite, data inlined) on the page, shown as ``png`` in markdown."""
 
@@ -73,7 +79,7 @@ class Table:
         return len(self.rows)
 
 
-Block = Heading | Para | Bullets | Image | Table | Figure
+Block = Heading | Para | Bullets | Image | Table | Figure | Contents
 
 
 # ---- markdown --------------------------------------------------------------
@@ -103,6 +109,8 @@ def markdown(blocks: Iterable[Block]) -> str:
             out.append(f"![{b.title}]({b.png})")
         elif isinstance(b, Table):
             out.append(table_markdown(b))
+        elif isinstance(b, Contents):
+            continue
         else:
             raise TypeError(f"not a report block: {b!r}")
     return "\n\n".join(out) + "\n"
@@ -149,9 +157,10 @@ STATUS_COLOURS = {Status.VALID: "#d9f2d9", Status.UNSTABLE: "#fff0c2", Status.LO
                   Status.OVER_CAPACITY: "#e3e3e3", Status.CLIENT_BOUND: "#e4d7f5", Status.SATURATED: "#f5dcc4",
                   Status.LOSSY: "#f0c8e0", Status.ERROR: "#f4b4b4"}
 
-STYLE = ("body{font-family:system-ui,sans-serif;max-width:1280px;margin:1.5em auto;padding:0 1em;line-height:1.4;"
-         "color:#222}table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;"
-         "padding:3px 8px;text-align:right}th{background:#f4f4f4;cursor:pointer;user-select:none}"
+STYLE = ("body{font-family:system-ui,sans-serif;max-width:1280px;margin:1em auto;padding:0 1em;line-height:1.35;"
+         "color:#222}h1{margin:.2em 0;font-size:1.7em}h2{margin:.7em 0 .4em}h3{margin:.9em 0 .3em}p{margin:.5em 0}"
+         "table{border-collapse:collapse;margin:.6em 0;font-size:14px}td,th{border:1px solid #ccc;"
+         "padding:2px 8px;text-align:right}th{background:#f4f4f4;cursor:pointer;user-select:none}"
          "th.asc:after{content:' \\25B2'}th.desc:after{content:' \\25BC'}"
          "td:first-child,th:first-child{text-align:left}code{background:#f4f4f4;padding:0 3px}img{max-width:100%}"
          "nav.toc{background:#fafafa;border:1px solid #ddd;padding:.5em 1em;margin:1em 0}nav.toc a{margin-right:1em}"
@@ -178,6 +187,9 @@ document.querySelectorAll('div.vega').forEach(function(div){
  const spec=JSON.parse(document.getElementById(div.dataset.spec).textContent);
  vegaEmbed(div,spec,{actions:false,renderer:'svg'}).catch(function(e){console.error('chart '+div.id+': '+e);});});
 """
+
+
+CONTENTS = "<!-- contents -->"
 
 
 def html_page(blocks: Iterable[Block], title: str, vega_js: str | None = None,
@@ -210,6 +222,8 @@ def html_page(blocks: Iterable[Block], title: str, vega_js: str | None = None,
                         f'<script type="application/json" id="spec-{figures}">{spec}</script>')
         elif isinstance(b, Table):
             body.append(table_html(b, statuses))
+        elif isinstance(b, Contents):
+            body.append(CONTENTS)
         else:
             raise TypeError(f"not a report block: {b!r}")
     nav = ""
@@ -220,8 +234,11 @@ def html_page(blocks: Iterable[Block], title: str, vega_js: str | None = None,
     if statuses:
         legend = " ".join(f'<span class="legend st-{k}">{html.escape(label)}</span>' for label, k in statuses.items())
         nav += f"<p>Statuses: {legend}</p>"
-    first_h2 = next((i for i, part in enumerate(body) if part.startswith("<h2")), len(body))
-    body.insert(first_h2, nav)
+    if CONTENTS in body:
+        body[body.index(CONTENTS)] = nav
+    else:
+        body.insert(next((i for i, part in enumerate(body) if part.startswith("<h2")), len(body)), nav)
+    body = [part for part in body if part != CONTENTS]
     scripts = f"<script>{SORT_JS}</script>"
     if vega_js is not None and figures:
         scripts += f"<script>{vega_js}</script><script>{EMBED_JS}</script>"

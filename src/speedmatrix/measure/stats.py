@@ -81,6 +81,15 @@ def request_tok_s(start_s: Any, end_s: Any, ttft_ms: Any, output_tokens: Any) ->
         return np.where(t > 0, 1000.0 / t, np.nan)
 
 
+def served_tok_s(start_s: Any, end_s: Any, output_tokens: Any) -> np.ndarray:
+    """A request's output tok/s as its user saw it: its tokens over its whole time, the wait for the first token
+    included (at a fixed number of requests in flight, their mean moves as the cell's output tok/s does, and a
+    request whose tokens came in one burst still has one)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.asarray(end_s, dtype=float) - np.asarray(start_s, dtype=float)
+        return np.where(d > 0, np.asarray(output_tokens, dtype=float) / d, np.nan)
+
+
 def _of_records(fn, records: Iterable[RequestRecord]) -> list[float]:
     """``fn`` (:func:`tpot_ms` or :func:`request_tok_s`) over the records that have a first token, each ending at
     its last token (a request cut at a window's end stopped getting tokens before it was cut)."""

@@ -28,6 +28,8 @@ from ..core import fmt
 from ..core.status import USABLE, Status
 from ..judge import decide
 
+TRADE_OFF = "Pareto frontier"  # the trade-off chart's title (the report's summary shows it)
+
 
 def _kinds(flag: str) -> list[str]:
     """The workload kinds with a class attribute set (e.g. ``throughput``)."""
@@ -207,28 +209,39 @@ def pareto_data(matrix: pd.DataFrame) -> pd.DataFrame | None:
 
 
 def pareto_data_from_points(points: pd.DataFrame) -> pd.DataFrame:
-    """Frontier points (decide.frontier) with what the chart shows: frontier or beaten, per GPU or server."""
+    """Frontier points (decide.frontier) with what the chart shows: frontier or beaten, per GPU or server, and the
+    line each point is on (a config's cells of one kind and context, through their concurrencies)."""
     per = decide.per_unit(points)
+    several = points["run"].nunique() > 1
+    line = points["server_id"] + " · " + points["workload"] + " " + points["context_tokens"].map(
+        lambda c: fmt.ctx(int(c)))
     return points.assign(frontier=points["on_frontier"].map({True: "on the frontier", False: "beaten"}), per=per,
-                         label=points["run"] + " · " + points["point"] if points["run"].nunique() > 1
-                         else points["point"])
+                         label=points["run"] + " · " + points["point"] if several else points["point"],
+                         line=points["run"] + " · " + line if several else line)
 
 
 def pareto(d: pd.DataFrame) -> alt.Chart:
-    """tok/s per user against tok/s per GPU (per server on the CPU); the frontier as a step line."""
+    """tok/s per user against tok/s per GPU (per server on the CPU), as ``vllm bench sweep``'s Pareto plot: one
+    line per config (and kind and context) through its concurrencies, each point labelled with its concurrency,
+    the frontier as a dashed step line."""
     per = d["per"].iloc[0]
-    x = alt.X("tok_s_per_user:Q", title="output tok/s per user", scale=alt.Scale(type="log"))
-    y = alt.Y("tok_s_per_gpu:Q", title=f"output tok/s per {per}", scale=alt.Scale(type="log"))
+    log = alt.Scale(type="log", nice=False, padding=12)  # the points' own range, not the next power of ten
+    x = alt.X("tok_s_per_user:Q", title="output tok/s per user", scale=log)
+    y = alt.Y("tok_s_per_gpu:Q", title=f"output tok/s per {per}", scale=log)
     series = "run:N" if d["run"].nunique() > 1 else "server_id:N"
     pick, shown = legend_filter(series[:-2])
+    colour = alt.Color(series, title="run" if series == "run:N" else "server config")
     tooltip = ["label", "status", "concurrency", "context_tokens", "tok_s_per_user", "tok_s_per_gpu", "ttft_ms"]
-    dots = alt.Chart(d).mark_point(filled=True, size=60).encode(
-        x=x, y=y, color=alt.Color(series, title="run" if series == "run:N" else "server config"), opacity=shown,
-        shape=alt.Shape("frontier:N", title=None), tooltip=tooltip).add_params(pick)
+    base = alt.Chart(d).encode(x=x, y=y, color=colour, opacity=shown)
+    lines = base.mark_line(strokeWidth=1.5).encode(detail="line:N", order="concurrency:Q")
+    dots = base.mark_point(filled=True, size=60).encode(shape=alt.Shape("frontier:N", title=None),
+                                                        tooltip=tooltip).add_params(pick)
+    labels = base.mark_text(dx=7, dy=-7, fontSize=10).encode(text="concurrency:Q")
     front = d[d["on_frontier"]].sort_values("tok_s_per_user")
-    line = alt.Chart(front).mark_line(interpolate="step-before", color="black", strokeDash=[4, 3]).encode(x=x, y=y)
-    return alt.layer(line, dots).properties(width=480, height=320,
-                                             title="Pareto frontier: tok/s per user against tok/s per " + per)
+    frontier = alt.Chart(front).mark_line(interpolate="step-before", color="black", strokeDash=[4, 3]).encode(
+        x=x, y=y)
+    return alt.layer(frontier, lines, dots, labels).properties(
+        width=480, height=320, title=f"{TRADE_OFF}: tok/s per user against tok/s per {per}, by concurrency")
 
 
 def _usable_throughput(matrix: pd.DataFrame) -> pd.DataFrame:
@@ -520,7 +533,7 @@ CHARTS = [
           trait="shared_prefix", applies=lambda exp: bool(_kinds_in(exp) & set(_kinds("shared_prefix")))),
     Chart("gpu", "GPU power and energy per token", gpu_data, gpu_telemetry,
           "no GPU telemetry (NVML absent: CPU run)", applies=lambda exp: exp.runtime["device"] != "cpu"),
-    Chart("pareto", "Pareto frontier", pareto_data, pareto, "no valid capacity or decode cells",
+    Chart("pareto", TRADE_OFF, pareto_data, pareto, "no valid capacity or decode cells",
           applies=_throughput_cells),
     Chart("timeline", "Request timeline", timeline_data, timeline, "no valid capacity or decode cells",
           source="requests", applies=_throughput_cells),

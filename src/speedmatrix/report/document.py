@@ -9,12 +9,13 @@ import pandas as pd
 
 from .. import workloads
 from ..core import atomic, fmt
-from ..core.table import Block, Bullets, Figure, Heading, Image, Para, html_page, markdown
+from ..core.status import NEEDS_A_LOOK
+from ..core.table import Block, Bullets, Contents, Figure, Heading, Image, Para, html_page, markdown
 from ..history import reproduce
 from ..jobs import aggregate
 from ..judge import decide
 from ..plan import experiment
-from . import charts, regression, sections
+from . import answer, charts, regression, sections
 
 
 def _section(title: str, intro: str, body: Any, level: int = 2) -> list[Block]:
@@ -51,31 +52,56 @@ def server_section(sid: str, m: pd.DataFrame) -> list[Block]:
     return out
 
 
-def summary_blocks(matrix: pd.DataFrame, decisions: pd.DataFrame | None) -> list[Block]:
-    """The answer first: the statuses, each config's context x concurrency matrix, the best config per target,
-    whether speculation pays, and the cells to look at before trusting a figure. The detail follows."""
-    out: list[Block] = [Heading(2, "Summary"), Para(sections.status_counts(matrix))]
-    # the seeds' speed-test matrix if the run has it, else the first kind with a tok/s at a concurrency
-    preferred = [n for n in workloads.names() if workloads.get(n).headline]
-    preferred += [n for n in workloads.names() if workloads.get(n).throughput and n not in preferred]
-    kind = next((workloads.get(n) for n in preferred if (matrix["workload"] == n).any()), None)
-    if kind is not None:
-        out += [Heading(3, f"{kind.title}, per server config"), Para(kind.blurb)]
-        for sid in dict.fromkeys(matrix["server_id"]):
-            rows = matrix[(matrix["server_id"] == sid) & (matrix["workload"] == kind.name)]
-            if not rows.empty:
-                out += [Para(f"`{sid}`"), kind.report_table(rows)]
+def summary_blocks(matrix: pd.DataFrame, decisions: pd.DataFrame | None, requests: pd.DataFrame | None = None,
+                   plan: answer.Plan | None = None, trade_off: list[Block] = ()) -> list[Block]:
+    """The answer first (what the first screen holds): the verdict, each speculative config's speed-up over its
+    twin with the crossover named, each config's matrix against the targets; then the best config per target,
+    each speculative config in one line, the cells to look at and the trade-off chart. The detail follows."""
+    plan = plan or answer.Plan()
+    look = by_look(matrix)
+    tok_s = answer.speedups(matrix, requests, plan, "served_tok_s")
+    said = answer.verdict(matrix, decisions, tok_s, plan, look)
+    out: list[Block] = [Heading(2, "Summary"), said]
+    figures = [tok_s]
+    if any(t.tpot_ms is not None for t in plan.targets):  # a target's limit: its ratio too
+        figures.append(answer.speedups(matrix, requests, plan, "tpot_ms"))
+    speedup = answer.speedup_table(pd.concat(figures, ignore_index=True) if len(figures) > 1 else tok_s)
+    if speedup is not None:
+        out += [Heading(3, "Where speculation pays"),
+                Para("Speculation over its twin (same model and arguments, no speculation): ×ratio of output tok/s"
+                     + (" (above 1 faster) and of TPOT (below 1 faster)" if len(figures) > 1 else "")
+                     + " with its 95 % interval, and the verdict (the method: Each speculative config, below)."),
+                speedup, Bullets(answer.crossover_lines(tok_s))]
+    targets = answer.target_table(matrix, decisions, plan)
+    if targets is not None:
+        out += [Heading(3, "Each config against the targets"),
+                Para(answer.matrices_intro(matrix, plan)), targets]
+    out += [Contents(), Para(f"In all: {sections.status_counts(matrix)}")]
     best = sections.best_config_table(decide.best_configs(decisions))
-    out += _section("Best config per target", "The config with the highest goodput where the target holds "
-                    "(Decisions, below, has the targets and every cell).", best, level=3)
-    out += _section("Does speculation pay here?", "Each speculative config's sustained-decode cells against the "
-                    "same cells without speculation (both Valid or Unstable), its acceptance, and whether its "
-                    "output stays the target's (its losslessness check, per sampling setting).",
+    out += _section("Best config per target", "The config with the highest goodput where the target holds, at "
+                    "each kind and context; in brackets the 95 % interval of its repeats' mean, \"up to\" where "
+                    "that interval reaches zero (Decisions, below, has the targets and every cell).", best, level=3)
+    out += _section("Each speculative config", "Its sustained-decode cells against the same cells without "
+                    "speculation (both Valid or Unstable), its acceptance, and whether its output stays the "
+                    "target's (its losslessness check, per sampling setting). Where speculation pays, above: output "
+                    "tok/s is each request's tokens over its whole time (the wait for the first included); the "
+                    "interval is a bootstrap over the cells' requests, resampled within each repeat (as `speedmatrix "
+                    "regress` judges two runs); faster or slower only where it excludes ×1.00 and the change is "
+                    "beyond twice the cells' own noise, else within noise; a cell Looped, Lossy or Over capacity on "
+                    "either side is not counted.",
                     sections.speculation_pays_table(matrix), level=3)
     out += _section("Cells to look at", "Not plain Valid measurements: Client-bound (the client, not the server, "
                     "set the figure), Saturated, Looped, Unstable, Lossy; each links to its row.",
                     sections.needs_a_look_table(matrix), level=3)
+    out += _section("Trade-off", "Output tok/s per user against output tok/s per GPU (per server on the CPU), one "
+                    "line per config and context through its concurrencies, the Pareto frontier dashed; Lossy and "
+                    "Looped cells left out.", list(trade_off) or None, level=3)
     return out
+
+
+def by_look(matrix: pd.DataFrame) -> pd.DataFrame:
+    """The cells that are not plain Valid measurements (the Cells to look at table's rows)."""
+    return matrix[matrix["status"].isin(NEEDS_A_LOOK)]
 
 
 def decision_blocks(matrix: pd.DataFrame, decisions: pd.DataFrame | None, targets: list) -> list[Block]:
@@ -147,12 +173,12 @@ def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
            references: list[dict[str, Any]] | None = None, decisions: pd.DataFrame | None = None,
            targets: list | None = None, requests: pd.DataFrame | None = None,
            checks: list[dict[str, Any]] | None = None, device: str = "gpu",
-           check_enabled: bool = True) -> list[Block]:
+           check_enabled: bool = True, plan: answer.Plan | None = None) -> list[Block]:
+    figures_ = list(chart_links) if isinstance(chart_links, list) else []
+    trade_off = [f for f in figures_ if isinstance(f, Figure) and f.title == charts.TRADE_OFF]
     out: list[Block] = [Heading(1, experiment_name)]
-    if description:
-        out.append(Para(" ".join(description.split())))
-    out += summary_blocks(matrix, decisions)
-    out += [Heading(2, "Run"),
+    out += summary_blocks(matrix, decisions, requests, plan or answer.Plan(targets=list(targets or [])), trade_off)
+    out += [Heading(2, "Run"), *([Para(" ".join(description.split()))] if description else []),
             Bullets(sections.runtime_lines(lock, models_lock) + sections.run_lines(matrix, startups)),
             Heading(2, "Servers"),
             sections.servers_table(matrix, startups)]
@@ -210,7 +236,7 @@ def blocks(matrix: pd.DataFrame, startups: list[dict[str, Any]], lock: dict[str,
         out += server_section(sid, matrix[matrix["server_id"] == sid])
     if chart_links:
         out.append(Heading(2, "Charts"))
-        out += (list(chart_links) if isinstance(chart_links, list)
+        out += ([b for b in chart_links if b not in trade_off] if isinstance(chart_links, list)
                 else [Image(title, png) for title, png in chart_links.items()])
     return out
 
@@ -278,7 +304,7 @@ def build(experiment_name: str, experiments_dir: str, matrix_path: str, lock_pat
     doc = blocks(matrix, startups, lock, chart_links, exp.name, exp.raw.get("description", ""),
                  exp.loops if loop_settings is None else loop_settings, sweeps, gates, models_lock, references,
                  decisions, exp.targets, requests, [atomic.read_json(p) for p in lossless_paths],
-                 exp.runtime["device"], exp.lossless["enabled"])
+                 exp.runtime["device"], exp.lossless["enabled"], answer.Plan.of(exp))
     if published_path:  # the seed's table beside the run's
         doc += regression.reproduction_blocks(reproduce.compare(matrix, reproduce.load(published_path)), level=2)
     if against:  # the regression verdict against the run the user named
