@@ -93,6 +93,9 @@ def test_default_run_produces_the_output_contract(full_run):
     # (structured JSON held to the schema by the server's grammar; no chat turn ends, no tool call)
     report = (res / "report.md").read_text()
     assert "random weights" not in report and "## Speculative decoding" in report and "## Precision" in report
+    # the answer first: the speed-up over the twin with its crossovers, the configs against the targets
+    first = report.split("## Summary", 1)[1].split("### Best config per target", 1)[0]
+    assert "### Where speculation pays" in first and "- At 128, `mtp2` " in first and "★" in first
     for srv in exp.servers:
         verdicts = {g: json.loads((res / "gates" / srv.id / f"{g}.json").read_text()) for g in exp.raw["gates"]}
         assert all(v["as_expected"] for v in verdicts.values()), verdicts
