@@ -84,7 +84,7 @@ def speedups(matrix: pd.DataFrame, requests: pd.DataFrame | None, plan: Plan,
     and the verdict (faster, slower, within noise); a cell either side of which is not usable (Looped, Lossy,
     Over capacity ...) has its ``status_note`` instead and no ratio."""
     cols = ["server_id", "twin", "cell_id", "context_tokens", "concurrency", "sampling", "figure", "ratio",
-            "ci_low", "ci_high", "verdict", "reason", "status_note"]
+            "ci_low", "ci_high", "verdict", "reason", "status_note", "unstable"]
     m = _rows(matrix, plan)
     if m.empty or not plan.twins:
         return pd.DataFrame(columns=cols)
@@ -101,7 +101,8 @@ def speedups(matrix: pd.DataFrame, requests: pd.DataFrame | None, plan: Plan,
             t = twin_cells.loc[r.cell_id]
             row = {"server_id": spec, "twin": twin, "cell_id": r.cell_id, "context_tokens": int(r.context_tokens),
                    "concurrency": int(r.concurrency), "sampling": r.sampling, "figure": figure, "ratio": None,
-                   "ci_low": None, "ci_high": None, "verdict": None, "reason": "", "status_note": None}
+                   "ci_low": None, "ci_high": None, "verdict": None, "reason": "", "status_note": None,
+                   "unstable": False}
             bad = [(who, s) for who, s in ((spec, r.status), (twin, t["status"])) if s not in USABLE]
             if bad:
                 row["status_note"] = (fmt.status(bad[0][1]) if len(bad) == 2 and bad[0][1] == bad[1][1]
@@ -115,7 +116,8 @@ def speedups(matrix: pd.DataFrame, requests: pd.DataFrame | None, plan: Plan,
                 continue
             j = regress.judge_figure(fig, base, new, f"{spec}/{twin}/{r.cell_id}", None, NOISE_MULTIPLE,
                                      streamed=_streamed(pd.Series(r._asdict())) and _streamed(t))
-            row.update(verdict=j["verdict"], reason=j.get("reason", ""))
+            row.update(verdict=j["verdict"], reason=j.get("reason", ""),
+                       unstable=Status.UNSTABLE in (r.status, t["status"]))
             if "change" in j:
                 row.update(ratio=1 + j["change"], ci_low=1 + j["ci_low"], ci_high=1 + j["ci_high"])
             out.append(row)
@@ -128,7 +130,9 @@ def _ratio_text(r: Any) -> str:
     if fmt.missing(r.ratio):
         return f"not comparable ({SHORT.get(r.reason, r.reason)})" if r.reason else "not comparable"
     word = WITHIN_NOISE if r.verdict == regress.SAME else r.verdict
-    return f"×{r.ratio:.2f} ({r.ci_low:.2f}–{r.ci_high:.2f}) {word}"
+    text = f"×{r.ratio:.2f} ({r.ci_low:.2f}–{r.ci_high:.2f}) {word}"
+    # a side whose repeats disagree: the ratio pools their requests, the matrix shows their median
+    return f"{text} ({fmt.status(Status.UNSTABLE)})" if getattr(r, "unstable", False) else text
 
 
 def _row_label(r: Any, main: str | None) -> str:
