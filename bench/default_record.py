@@ -11,7 +11,10 @@ writes into ``--out``:
   files it names), the machine, the date, the install and run times, the jobs and cells, the statuses;
 - ``make_run_times.json``: the timing script's own output (with ``speedmatrix walltime``'s split of the run);
 - ``report.md``, ``run-summary.json``, ``matrix.csv`` (every cell's row), the losslessness verdicts;
-- ``README.md``, written from ``record.json``.
+- ``README.md``, written from ``record.json``;
+
+and the run's report's first screen at 1440 x 900 into ``--screenshot`` (the README's picture; where chromium
+and chromium-driver are installed).
 
 tests/test_default_record.py fails when the default experiment no longer has the record's digest (a change of
 the default comes with its new record) and when README.md or docs/running.md give a run time other than the
@@ -92,6 +95,8 @@ def main() -> int:
     ap.add_argument("--rev", default="HEAD")
     ap.add_argument("--out", type=Path, default=REPO / RECORD.parent)
     ap.add_argument("--readme", action="store_true", help="only write README.md again from the record.json there")
+    ap.add_argument("--screenshot", type=Path, default=REPO / "docs" / "images" / "report-first-screen.png",
+                    help="where the run's report's first screen goes (bench/report_screenshot.py; '' for none)")
     a = ap.parse_args()
     out = a.out
     if a.readme:
@@ -142,6 +147,10 @@ def main() -> int:
     (out / "record.json").write_text(json.dumps(rec, indent=2) + "\n")
     (out / "README.md").write_text(readme(rec))
     print(json.dumps(rec, indent=2))
+    if a.screenshot:  # the report's first screen as the README shows it (needs chromium and chromium-driver)
+        shot = subprocess.run([sys.executable, str(REPO / "bench" / "report_screenshot.py"), str(res / "report.html"),
+                               str(a.screenshot)], capture_output=True, text=True)
+        print(shot.stdout.strip() or f"no screenshot: {shot.stderr.strip()[-500:]}")
     shutil.rmtree(clone.parent, ignore_errors=True)
     return 0
 

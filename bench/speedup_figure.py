@@ -39,8 +39,10 @@ def rows(run: Path, name: str) -> list[dict]:
     if (run / "requests.parquet").exists():
         reqs = pd.read_parquet(run / "requests.parquet")
     else:  # a run that keeps each cell's requests beside its JSON only
-        reqs = pd.concat([pd.read_parquet(p).assign(server_id=p.parent.name, cell_id=p.name.removesuffix(".requests.parquet"))
-                          for p in sorted((run / "cells").glob("*/*.requests.parquet"))], ignore_index=True)
+        files = sorted((run / "cells").glob("*/*.requests.parquet"))
+        reqs = pd.concat([pd.read_parquet(p).assign(server_id=p.parent.name,
+                                                    cell_id=p.name.removesuffix(".requests.parquet"))
+                          for p in files], ignore_index=True)
     reqs = regress.counted(reqs)
     by = dict(iter(reqs.groupby(["server_id", "cell_id"])))
     out = []
