@@ -126,10 +126,10 @@ def test_a_new_run_that_measured_nothing_is_no_pass(recorded, tmp_path, capsys):
     db = tmp_path / "history.sqlite"
     store.add(base, db)
     store.add(early, db)
-    assert main(["regress", str(base), str(early), "--store", str(db)]) == 1
+    assert main(["regress", str(base), str(early), "--store", str(db)]) == 3  # lost: the release did not start
     out = capsys.readouterr()
-    assert "**Nothing compared**" in out.out and "No cell slower" not in out.out
-    assert "nothing to judge (exit 1)" in out.err
+    assert "**Nothing compared**" in out.out and "No cell slower" not in out.out and "lost**" in out.out
+    assert "the new run lost" in out.err and "nothing to judge" in out.err and "(exit 3)" in out.err
 
 
 def test_a_new_run_that_lost_a_cell_is_no_pass(recorded, tmp_path, capsys):
@@ -140,7 +140,7 @@ def test_a_new_run_that_lost_a_cell_is_no_pass(recorded, tmp_path, capsys):
     failed = bc.copy()
     failed.loc[(failed["server_id"] == "mtp2") & (failed["cell_id"] == SLOWED[1]), "status"] = "failed"
     table = regress.regress(bc, br, failed, br)
-    assert regress.lost_cells(table) == ["/".join(SLOWED)] and regress.exit_code(table) == 1
+    assert regress.lost_cells(table) == ["/".join(SLOWED)] and regress.exit_code(table) == 3
     assert not (table["verdict"] == regress.SLOWER).any()
     fewer = bc[bc["server_id"] != "mtp4"]
     assert regress.exit_code(regress.regress(bc, br, fewer, br)) == 0  # complete: it measured other cells
@@ -153,8 +153,54 @@ def test_a_new_run_that_lost_a_cell_is_no_pass(recorded, tmp_path, capsys):
     matrix = pd.read_parquet(partial / "matrix.parquet")
     matrix[matrix["server_id"] != "mtp4"].to_parquet(partial / "matrix.parquet")
     (partial / "run-summary.json").write_text(json.dumps({"succeeded": False, "failed": 1, "jobs": 40}))
-    assert main(["regress", str(base), str(partial), "--store", str(tmp_path / "none.sqlite")]) == 1
+    assert main(["regress", str(base), str(partial), "--store", str(tmp_path / "none.sqlite")]) == 3
     assert "the new run lost" in (err := capsys.readouterr().err) and "mtp4/" in err
+
+
+def test_each_outcome_has_its_exit_status_words_json_and_junit(recorded, tmp_path, capsys):
+    """A Client-bound cell in the new run is a measurement problem (5), not a lost cell; runs that share no cell
+    are nothing comparable (4); a folder that is not a run is bad input (2); the headline names every outcome;
+    --json and --junit say the same for machines."""
+    import xml.etree.ElementTree as ET
+
+    from speedmatrix.history.gate import Outcome
+    from speedmatrix.report import regression
+
+    base, slow, _ = recorded
+    _, bc, br = store.manifest(base)
+    client = bc.copy()
+    client.loc[(client["server_id"] == "mtp2") & (client["cell_id"] == SLOWED[1]), "status"] = "client_bound"
+    table = regress.regress(bc, br, client, br)
+    assert regress.outcome(table) == Outcome.MEASUREMENT and regress.lost_cells(table) == []
+    assert regress.measurement_cells(table) == ["/".join(SLOWED)]
+    head = regression.answer(table)
+    assert "**No cell slower**" in head and "**1 not judged for a measurement problem**" in head
+    assert "0 lost" in head and "Outcome: measurement (exit 5)" in head
+    # nothing in common: another experiment's cells
+    apart = regress.regress(bc[bc["server_id"] == "base"], br, bc[bc["server_id"] == "mtp4"], br)
+    assert regress.outcome(apart) == Outcome.NOTHING_COMPARABLE
+    # the command: a slower cell, its JSON and JUnit beside the markdown
+    js, junit = tmp_path / "verdict.json", tmp_path / "junit.xml"
+    code = main(["regress", str(base), str(slow), "--json", str(js), "--junit", str(junit),
+                 "--store", str(tmp_path / "none.sqlite")])
+    doc = json.loads(js.read_text())
+    assert code == doc["exit_status"] == 1 and doc["outcome"] == "slower"
+    assert doc["found"] == {"slower": ["/".join(SLOWED)]} and doc["counts"]["slower"] == 1
+    assert doc["headline"].startswith("1 cell slower") and len(doc["rows"]) == len(regress.regress(
+        bc, br, *store.manifest(slow)[1:]))
+    suite = ET.parse(junit).getroot()
+    failed = [c for c in suite.iter("testcase") if c.find("failure") is not None]
+    assert [(c.get("classname"), c.get("name")) for c in failed] == [SLOWED]
+    assert suite.get("failures") == "1" and int(suite.get("tests")) == doc["counts"]["slower"] + doc["counts"][
+        "faster"] + doc["counts"]["no change"] + doc["counts"]["not comparable"]
+    capsys.readouterr()
+    assert main(["regress", str(base), str(base), "--json", "-", "--store", str(tmp_path / "none.sqlite")]) == 0
+    assert json.loads(capsys.readouterr().out)["outcome"] == "pass"  # only the JSON on stdout
+    # bad input: a folder that is not a run
+    empty = tmp_path / "not-a-run"
+    empty.mkdir()
+    assert main(["regress", str(base), str(empty), "--store", str(tmp_path / "none.sqlite")]) == Outcome.BAD_INPUT
+    assert "not a run's results folder" in capsys.readouterr().err
 
 
 def test_a_run_against_itself_changes_nothing(recorded):
@@ -334,3 +380,67 @@ def test_run_to_run_noise_is_read_only_from_runs_on_a_machine_of_the_same_kind(r
     with sqlite3.connect(db) as con:
         con.execute("UPDATE runs SET gpu_name = 'NVIDIA H100 80GB HBM3' WHERE run_id = ?", (ids[2],))
     assert regression.siblings(db, b, n) == ([], [])
+
+
+def test_per_figure_minimum_effects_and_a_change_of_machine(recorded, tmp_path, capsys):
+    """--min-effect takes one percentage or one per figure ("10%" accepted); runs on another kind of machine have
+    their verdicts withheld, the change named, unless --across-machines."""
+    assert regress.parse_min_effect("10%") == regress.parse_min_effect("10") == pytest.approx(0.10)
+    assert regress.parse_min_effect("output_tok_s=5%, ttft=10") == {"request_tok_s": 0.05, "ttft_ms": 0.10}
+    for bad in ("fast", "ttfb=5", "tpot=-3"):
+        with pytest.raises(StoreError, match="--min-effect"):
+            regress.parse_min_effect(bad)
+    base, slow, _ = recorded
+    _, bc, br = store.manifest(base)
+    _, sc, sr = store.manifest(slow)
+    # a minimum effect for request_tok_s above the slowdown, none for the latencies: TTFT still judges it slower
+    table = regress.regress(bc, br, sc, sr, {"request_tok_s": 0.6})
+    rows = table[(table["server_id"] == SLOWED[0]) & (table["cell_id"] == SLOWED[1])].set_index("figure")
+    assert rows.loc["request_tok_s", "verdict"] == regress.SAME and rows.loc["ttft_ms", "verdict"] == regress.SLOWER
+    assert rows.loc["request_tok_s", "min_effect"] == pytest.approx(0.6)
+    db = tmp_path / "none.sqlite"
+    assert main(["regress", str(base), str(slow), "--min-effect", "abc", "--store", str(db)]) == 2
+    # another GPU: withheld, named, exit 4 (nothing comparable); judged with --across-machines
+    h200, h100 = {"gpu_name": "NVIDIA H200", "cpu_model": "x", "cpu_count": 16}, {"gpu_name": "NVIDIA H100"}
+    assert regress.machine_change(h200, {**h200, **h100}) == "GPU NVIDIA H200 → NVIDIA H100"
+    assert regress.machine_change(h200, {}) is None  # a run that recorded no machine: not a change
+    held = regress.withhold(regress.regress(bc, br, sc, sr), regress.machine_change(h200, {**h200, **h100}))
+    from speedmatrix.history.gate import Outcome
+    from speedmatrix.report import regression
+
+    assert regress.outcome(held) == Outcome.NOTHING_COMPARABLE
+    assert regression.answer(held).startswith("**Another kind of machine**: (GPU NVIDIA H200 → NVIDIA H100)")
+
+
+def test_the_store_and_history_say_what_to_do(recorded, tmp_path, capsys):
+    """An unknown cell is bad input with the store's cells listed; a store no run was added to answers in words;
+    a missing store names the option that adds a run; the verdict's files get the mode a plain open() gives."""
+    base, slow, _ = recorded
+    db = tmp_path / "history.sqlite"
+    store.add(base, db)
+    assert main(["history", "--store", str(db), "--cell", "base/no-such-cell"]) == 2
+    err = capsys.readouterr().err
+    assert "base/no-such-cell: in no stored run" in err and "base/decode-ctx128-c1-temp0.7" in err
+    assert main(["history", "--store", str(db), "--cell", "base/decode-ctx128-c1-temp0.7"]) == 0
+    empty = tmp_path / "empty.sqlite"
+    sqlite3.connect(empty).close()
+    assert store.cell_history(empty, "base", "x").empty and store.stored_cells(empty) == []
+    assert main(["history", "--store", str(empty), "--cell", "base/x"]) == 2
+    assert "holds no cell yet" in capsys.readouterr().err
+    with pytest.raises(StoreError, match="speedmatrix history --add"):
+        store.runs(tmp_path / "missing.sqlite")
+    # for a script: the folder's run id, the runs and a cell's rows as JSON or CSV
+    rid, _ = store.add(base, db)
+    assert main(["history", "--id", str(base)]) == 0 and capsys.readouterr().out.strip() == rid
+    assert main(["history", "--id", str(tmp_path / "nowhere")]) == 2
+    capsys.readouterr()
+    assert main(["history", "--store", str(db), "--format", "json"]) == 0
+    assert [r["run_id"] for r in json.loads(capsys.readouterr().out)] == [rid]
+    assert main(["history", "--store", str(db), "--cell", "base/decode-ctx128-c1-temp0.7", "--format", "csv"]) == 0
+    assert pd.read_csv(__import__("io").StringIO(capsys.readouterr().out))["run_id"].tolist() == [rid]
+    out = tmp_path / "verdict"
+    main(["regress", str(base), str(slow), "--out", str(out), "--store", str(db)])
+    from speedmatrix.core import atomic
+
+    for name in ("regress.md", "regress.html"):  # as a plain open() makes them: 0644 under the usual umask
+        assert (out / name).stat().st_mode & 0o777 == atomic.MODE == 0o666 & ~atomic._umask(), name

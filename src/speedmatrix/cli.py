@@ -142,6 +142,21 @@ def cmd_history(ns: argparse.Namespace) -> int:
             run_id, new = store.add(run, ns.store)
             print(f"{run}: run {run_id} {'added to' if new else 'already in'} {ns.store}")
         return 0
+    if ns.id:
+        print(store.run_id(ns.id))
+        return 0
+    if ns.cell and store.cell_history(ns.store, *ns.cell.partition("/")[::2], ns.experiment).empty:
+        known = store.stored_cells(ns.store)
+        print(f"speedmatrix history: {ns.cell}: in no stored run" + (f" of {ns.experiment}" if ns.experiment else "")
+              + (f"; the store's cells (SERVER/CELL): {', '.join(known[:40])}" + (" ..." if len(known) > 40 else "")
+                 if known else f"; {ns.store} holds no cell yet"), file=sys.stderr)
+        return 2
+    if ns.format != "markdown":
+        rows = (store.cell_history(ns.store, *ns.cell.partition("/")[::2], ns.experiment) if ns.cell
+                else store.runs(ns.store, ns.experiment))
+        sys.stdout.write(rows.to_json(orient="records", indent=1) + "\n" if ns.format == "json"
+                         else rows.to_csv(index=False))
+        return 0
     print(regression.history_text(ns.store, ns.experiment, ns.cell))
     return 0
 
@@ -154,18 +169,41 @@ def cmd_regress(ns: argparse.Namespace) -> int:
     known = ns.store if Path(ns.store).exists() else None
     base, base_cells, base_reqs = regression.side(ns.base, known)
     new, new_cells, new_reqs = regression.side(ns.new, known)
-    min_effect = None if ns.min_effect is None else ns.min_effect / 100
+    min_effect = regress.parse_min_effect(ns.min_effect)
     others = ([], []) if ns.alone else regression.siblings(ns.store, base, new)
     table = regress.regress(base_cells, base_reqs, new_cells, new_reqs, min_effect, ns.noise_multiple, others,
                             new_incomplete=new.get("status") in store.INCOMPLETE_STATUSES)
+    change = regress.machine_change(base, new)
+    if change and not ns.across_machines:
+        table = regress.withhold(table, change)
+    causes = _run_causes(ns.new if Path(ns.new).is_dir() else new.get("source"))
     if ns.out:
-        print(f"wrote {regression.write(ns.out, table, base, new, (base_cells, new_cells))} (and regress.html, "
-              "regress.csv)", file=sys.stderr)
-    print(markdown(regression.blocks(table, base, new, cells=(base_cells, new_cells))))
+        print(f"wrote {regression.write(ns.out, table, base, new, (base_cells, new_cells), causes)} (and "
+              "regress.html, regress.csv)", file=sys.stderr)
+    if ns.json:
+        _write_or_print(ns.json, json.dumps(regression.verdict_json(table, base, new, causes), indent=1) + "\n")
+    if ns.junit:
+        ns.junit.write_text(regression.verdict_junit(table, base, new))
+    if ns.json != "-":
+        print(markdown(regression.blocks(table, base, new, cells=(base_cells, new_cells), causes=causes)))
     code = regress.exit_code(table)
     if code:
-        print(f"speedmatrix regress: {regress.failing(table)} (exit 1)", file=sys.stderr)
+        print(f"speedmatrix regress: {regress.failing(table)} (exit {code})", file=sys.stderr)
     return code
+
+
+def _run_causes(folder: str | None) -> list[str]:
+    """A results folder's failed jobs' causes (its run summary), as lines (for a stored run, the folder it was
+    added from, where it is still there)."""
+    summary = atomic.read_json_if_there(RunFolder(folder).summary) if folder and Path(folder).is_dir() else None
+    return [f"{c['cause']} ({len(c.get('jobs') or [])} job(s))" for c in (summary or {}).get("causes") or []]
+
+
+def _write_or_print(where: str, text: str) -> None:
+    if where == "-":
+        sys.stdout.write(text)
+    else:
+        Path(where).write_text(text)
 
 
 def cmd_reproduce(ns: argparse.Namespace) -> int:
@@ -205,6 +243,12 @@ def cmd_pareto(ns: argparse.Namespace) -> int:
         print(f"speedmatrix pareto: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _exit_statuses() -> str:
+    from .history import gate
+
+    return gate.exit_statuses()
 
 
 def _doc(module: str) -> str:
@@ -489,25 +533,37 @@ def _add_history(sub) -> None:
     hi.add_argument("--experiment", help="only this experiment's runs")
     hi.add_argument("--cell", metavar="SERVER/CELL", help="one cell across runs, e.g. base/decode-ctx128-c1")
     hi.add_argument("--add", nargs="+", metavar="RESULTS", help="add these results folders to the store")
+    hi.add_argument("--id", metavar="RESULTS", help="print the run id a results folder has (or will have) in the "
+                    "store, for a script: speedmatrix regress BASE \"$(speedmatrix history --id results/X)\"")
+    hi.add_argument("--format", choices=("markdown", "json", "csv"), default="markdown",
+                    help="the runs or the cell's rows as a markdown table (default), JSON records or CSV")
     hi.set_defaults(func=cmd_history)
 
     rg = sub.add_parser(
         "regress", help="per cell and figure: faster, slower, no change or not comparable, with statistics",
-        description=_doc("history.regress") + " Exit status: 1 when a cell is significantly slower beyond its "
-        "minimum effect, or when no cell has a figure in both runs (a CI job's check), 0 otherwise, 2 on bad input.",
+        description=_doc("history.regress") + " Exit status (speedmatrix.history.gate; the most severe found: "
+        "lost, nothing comparable, slower, measurement): " + _exit_statuses() + ".",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     rg.add_argument("base", metavar="BASE", help="a results folder (results/<experiment>) or a stored run's id")
     rg.add_argument("new", metavar="NEW", help="the same, for the run judged against BASE")
     rg.add_argument("--store", type=Path, default=default_store, help=f"where run ids are looked up (default: "
                     f"{default_store}; a .sqlite.gz is read as it is)")
-    rg.add_argument("--min-effect", type=float, metavar="PCT",
-                    help="the smallest change in percent that counts (default: from each cell's own noise)")
+    rg.add_argument("--min-effect", metavar="PCT", help="the smallest change that counts, in percent: one for every "
+                    "figure (10 or 10%%) or one per figure (output_tok_s=5%%,ttft=10%%,tpot=8%%; a figure not named "
+                    "keeps the default); default: from each cell's own noise")
     rg.add_argument("--noise-multiple", type=float, default=2.0,
                     help="without --min-effect: this many times the cell's noise (default 2)")
     rg.add_argument("--alone", action="store_true",
                     help="judge from the two runs alone: no run-to-run noise from the store's other runs of each "
                     "side's runtime")
+    rg.add_argument("--across-machines", action="store_true",
+                    help="judge runs on different kinds of machine (another GPU model, CPU model or core count); "
+                    "without it their verdicts are withheld: not comparable, the change named")
     rg.add_argument("--out", type=Path, help="also write regress.md, regress.html and regress.csv here")
+    rg.add_argument("--json", metavar="FILE", help="also write the verdict as JSON (outcome, exit status, counts, "
+                    "the cells of each outcome, every figure's row); '-' prints it instead of the markdown")
+    rg.add_argument("--junit", type=Path, metavar="FILE", help="also write the verdict as JUnit XML (a test case "
+                    "per cell: slower or lost a failure, a measurement problem an error, not comparable skipped)")
     rg.set_defaults(func=cmd_regress)
 
     rp = sub.add_parser(

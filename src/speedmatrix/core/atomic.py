@@ -11,12 +11,24 @@ from typing import Any
 from .errors import ResultFileError
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# read at import (one thread): a file written here gets the mode a plain open() would give it (0644 under the usual
+# umask), not mkstemp's 0600, so that the group and others read results as they read the CSVs beside them
+MODE = 0o666 & ~_umask()
+
+
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), MODE)
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

@@ -22,10 +22,14 @@ import numpy as np
 import pandas as pd
 
 from .. import workloads
-from ..core.status import USABLE
+from ..core.errors import StoreError
+from ..core.status import USABLE, Status
 from ..measure import stats
+from .gate import SEVERITY, Outcome, first
 
 COMPARABLE_STATUSES = USABLE
+# a cell in these statuses was not the server's doing: its figure is the client's (a measurement problem)
+MEASUREMENT_STATUSES = (Status.CLIENT_BOUND,)
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "faster", "slower", "no change", "not comparable"
 
 
@@ -55,6 +59,40 @@ FIGURES = [Figure("request_tok_s", "output tok/s per request", True), Figure("tt
 # a request's tokens over its whole time: what a speculative config's speed-up over its twin is judged on (the
 # report's summary); not among the run-to-run figures, where request_tok_s has been the one
 SERVED_TOK_S = Figure("served_tok_s", "output tok/s per request, first token included", True)
+# what --min-effect may call a figure, beside its own name
+ALIASES = {"output_tok_s": "request_tok_s", "tok_s": "request_tok_s", "ttft": "ttft_ms", "tpot": "tpot_ms"}
+
+
+def parse_min_effect(text: str | None) -> float | dict[str, float] | None:
+    """``--min-effect``: one percentage for every figure ("10", "10%") or one per figure
+    ("output_tok_s=5%,ttft=10%"; a figure not named keeps its noise-derived minimum), as fractions."""
+    if text is None or not str(text).strip():
+        return None
+
+    def pct(value: str, what: str) -> float:
+        try:
+            v = float(value.strip().rstrip("%").strip())
+        except ValueError:
+            raise StoreError(f"--min-effect {text!r}: {what} {value.strip()!r} is not a percentage (e.g. 5 or 5%)") \
+                from None
+        if not 0 < v < 1000:
+            raise StoreError(f"--min-effect {text!r}: {what} {v:g} % is outside 0-1000 %")
+        return v / 100
+
+    if "=" not in text:
+        return pct(text, "the value")
+    out: dict[str, float] = {}
+    names = {f.name for f in FIGURES}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        figure = ALIASES.get(name.strip(), name.strip())
+        if figure not in names:
+            raise StoreError(f"--min-effect {text!r}: {name.strip()!r} is not a judged figure (one of "
+                             f"{', '.join(sorted(names | set(ALIASES)))})")
+        out[figure] = pct(value, figure)
+    return out
+
+
 MIN_REQUESTS = 5  # fewer samples on a side than this: no verdict on the figure
 RESAMPLES = 2000
 
@@ -107,7 +145,8 @@ def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, m
     vb, vn = fig.values(base), fig.values(new)
     ob, on = np.isfinite(vb), np.isfinite(vn)
     if ob.sum() < MIN_REQUESTS or on.sum() < MIN_REQUESTS:
-        return {**out, "verdict": NOT_COMPARABLE, "reason": f"fewer than {MIN_REQUESTS} requests with this figure"}
+        return {**out, "verdict": NOT_COMPARABLE, "measurement": True,
+                "reason": f"fewer than {MIN_REQUESTS} requests with this figure"}
     vb, sb = vb[ob], base["repeat"].fillna(1).to_numpy()[ob]
     vn, sn = vn[on], new["repeat"].fillna(1).to_numpy()[on]
     point_b, point_n = float(fig.statistic(vb)), float(fig.statistic(vn))
@@ -118,12 +157,14 @@ def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, m
     noise = max(_repeat_cv(fig, vb, sb), _repeat_cv(fig, vn, sn),
                 *(float(np.nanpercentile(b, 97.5) - np.nanpercentile(b, 2.5)) / 2 / p
                   for b, p in ((boot_b, point_b), (boot_n, point_n))))
-    # between runs: the spread of the figure over this side's run and the other runs of its runtime
+    # between runs: the spread of the figure over the other stored runs of each side's runtime, BASE's own run with
+    # them; never NEW's own run, whose difference is what is judged (a night slower than the nights before it would
+    # otherwise widen its own noise and hide itself)
     run_noise, runs_seen = 0.0, 0
-    for point, others in ((point_b, siblings[0]), (point_n, siblings[1])):
-        points = [point] + [float(fig.statistic(v[np.isfinite(v)])) for v in (fig.values(o) for o in others)
-                            if np.isfinite(v).sum() >= MIN_REQUESTS]
-        runs_seen += len(points) - 1
+    for own, others in (([point_b], siblings[0]), ([], siblings[1])):
+        points = own + [float(fig.statistic(v[np.isfinite(v)])) for v in (fig.values(o) for o in others)
+                        if np.isfinite(v).sum() >= MIN_REQUESTS]
+        runs_seen += len(points) - len(own)
         run_noise = max(run_noise, stats.interval(points)["cv"] or 0.0)
     noise = max(noise, run_noise)
     threshold = min_effect if min_effect is not None else noise_multiple * noise
@@ -166,7 +207,7 @@ def _why_not(b: pd.Series, n: pd.Series) -> str | None:
 
 
 def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.DataFrame, new_reqs: pd.DataFrame,
-            min_effect: float | None = None, noise_multiple: float = 2.0,
+            min_effect: float | dict[str, float] | None = None, noise_multiple: float = 2.0,
             siblings: tuple[list[tuple[pd.DataFrame, pd.DataFrame]], list[tuple[pd.DataFrame, pd.DataFrame]]]
             = ([], []), new_incomplete: bool = False) -> pd.DataFrame:
     """One row per cell and figure (cells on one side only: one row, not comparable), changed cells first.
@@ -192,11 +233,15 @@ def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.Dat
         n = pd.Series({k[:-2]: v for k, v in r.items() if k.endswith("_n")})
         why = _why_not(b, n)
         if why:
-            # measured in base, not in new (the same server config and basis): the new run lost the cell
-            lost = (b["config_sha256"] == n["config_sha256"] and b["status"] in COMPARABLE_STATUSES
+            # measured in base, not in new (the same server config and basis): the new run lost the cell, to the
+            # server, or to the client where it was Client-bound (either side: a measurement problem)
+            same = b["config_sha256"] == n["config_sha256"]
+            client = same and (b["status"] in MEASUREMENT_STATUSES or n["status"] in MEASUREMENT_STATUSES)
+            lost = (same and not client and b["status"] in COMPARABLE_STATUSES
                     and n["status"] not in COMPARABLE_STATUSES)
-            rows.append({**ident, "figure": None, "verdict": NOT_COMPARABLE, "lost": lost,
-                         "reason": why + (" (lost)" if lost else "")})
+            rows.append({**ident, "figure": None, "verdict": NOT_COMPARABLE, "lost": lost, "measurement": client,
+                         "reason": why + (" (lost)" if lost else " (the client's, not the server's)" if client
+                                          else "")})
             continue
         key = (r["server_id"], r["cell_id"])
         rb, rn = counted(by_b.get(key, base_reqs.iloc[:0])), counted(by_n.get(key, new_reqs.iloc[:0]))
@@ -204,10 +249,12 @@ def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.Dat
         others = tuple([o for o in (_same_cell(sc, sr, b, key) for sc, sr in side) if o is not None]
                        for side in siblings)
         for fig in FIGURES:
-            rows.append({**ident, **judge_figure(fig, rb, rn, "/".join(key), min_effect, noise_multiple, others,
+            effect = min_effect.get(fig.name) if isinstance(min_effect, dict) else min_effect
+            rows.append({**ident, **judge_figure(fig, rb, rn, "/".join(key), effect, noise_multiple, others,
                                                  streamed)})
     out = pd.DataFrame(rows)
-    out["lost"] = [v is True for v in out["lost"]] if "lost" in out else False
+    for flag in ("lost", "measurement"):
+        out[flag] = [v is True for v in out[flag]] if flag in out else False
     order = {SLOWER: 0, FASTER: 1, SAME: 2, NOT_COMPARABLE: 3}
     out["_o"] = out["verdict"].map(order)
     return out.sort_values(["_o", "server_id", "cell_id"], kind="stable").drop(columns="_o").reset_index(drop=True)
@@ -238,25 +285,54 @@ def nothing_compared(table: pd.DataFrame) -> bool:
 
 def lost_cells(table: pd.DataFrame) -> list[str]:
     """The cells (server/cell) the base run measured and the new run lost (``regress``'s ``lost``)."""
-    return sorted({f"{r.server_id}/{r.cell_id}" for r in table[table["lost"]].itertuples()})
+    return sorted({f"{r.server_id}/{r.cell_id}" for r in table[table["lost"]].itertuples()}) if "lost" in table \
+        else []
+
+
+def measurement_cells(table: pd.DataFrame) -> list[str]:
+    """The cells (server/cell) whose comparison a measurement problem stopped (Client-bound, too few requests)."""
+    return sorted({f"{r.server_id}/{r.cell_id}" for r in table[table["measurement"]].itertuples()}) \
+        if "measurement" in table else []
+
+
+def found(table: pd.DataFrame) -> dict[Outcome, list[str]]:
+    """Each outcome that is not a pass, with the cells (or the words) that make it."""
+    out: dict[Outcome, list[str]] = {}
+    if lost_cells(table):
+        out[Outcome.LOST] = lost_cells(table)
+    if nothing_compared(table):
+        out[Outcome.NOTHING_COMPARABLE] = ["no cell has a figure in both runs"]
+    slower = table[table["verdict"] == SLOWER]
+    if len(slower):
+        out[Outcome.SLOWER] = sorted({f"{r.server_id}/{r.cell_id}" for r in slower.itertuples()})
+    if measurement_cells(table):
+        out[Outcome.MEASUREMENT] = measurement_cells(table)
+    return out
+
+
+def outcome(table: pd.DataFrame) -> Outcome:
+    """The check's outcome (history.gate: the most severe found)."""
+    return first(set(found(table)))
 
 
 def failing(table: pd.DataFrame) -> str | None:
-    """Why the verdict is no pass, or None where it passes: a figure of a cell significantly slower beyond its
-    minimum effect, a cell the base measured that the new run lost (a release that fails a cell is no pass), or
-    nothing compared at all (a release whose servers did not start)."""
-    if nothing_compared(table):
-        return "no cell has a figure in both runs: nothing to judge"
-    lost = lost_cells(table)
-    lost_said = f"the new run lost {len(lost)} cell(s) the base measured: {', '.join(lost)}" if lost else ""
-    if (table["verdict"] == SLOWER).any():
-        return "a cell is significantly slower beyond its minimum effect" + (f"; {lost_said}" if lost else "")
-    return lost_said or None
+    """Why the verdict is no pass, or None where it passes: every outcome found, the most severe first, each with
+    its cells (a release that fails a cell is no pass; a run whose client fell behind is no pass either, but not
+    the server's fault)."""
+    said = {Outcome.LOST: "the new run lost {n} cell(s) the base measured: {cells}",
+            Outcome.NOTHING_COMPARABLE: "nothing to judge: {cells}",
+            Outcome.SLOWER: "{n} cell(s) significantly slower beyond their minimum effect: {cells}",
+            Outcome.MEASUREMENT: "{n} cell(s) not judged for a measurement problem (the client's, not the "
+                                 "server's): {cells}"}
+    got = found(table)
+    parts = [said[o].format(n=len(got[o]), cells=", ".join(got[o])) for o in SEVERITY if o in got]
+    return "; ".join(parts) or None
 
 
 def exit_code(table: pd.DataFrame) -> int:
-    """1 where ``failing`` gives a reason, else 0 (for CI jobs)."""
-    return int(failing(table) is not None)
+    """The outcome's exit status (history.gate.Outcome: 0 pass, 1 slower, 3 lost, 4 nothing comparable, 5 a
+    measurement problem)."""
+    return int(outcome(table))
 
 
 HOST_PROBE_LIMIT = 0.05  # two runs' host probes further apart than this: the hosts' pace differs
@@ -272,6 +348,26 @@ def machine_kind(row: dict[str, Any] | pd.Series) -> tuple:
     def one(v: Any) -> Any:
         return None if v is None or (isinstance(v, float) and np.isnan(v)) else str(v)
     return tuple(one(row.get(k)) for k in MACHINE_KIND)
+
+
+def machine_change(base: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """Where the two runs ran on different kinds of machine (another GPU model, CPU model or core count), what
+    changed ("GPU NVIDIA H200 → NVIDIA H100"); None where they are of one kind or either recorded none."""
+    kb, kn = machine_kind(base), machine_kind(new)
+    names = {"gpu_name": "GPU", "cpu_model": "CPU", "cpu_count": "cores"}
+    changed = [f"{names[k]} {a} → {b}" for k, a, b in zip(MACHINE_KIND, kb, kn)
+               if a is not None and b is not None and a != b]
+    return ", ".join(changed) or None
+
+
+def withhold(table: pd.DataFrame, change: str) -> pd.DataFrame:
+    """The verdicts of runs on different kinds of machine withheld: each judged figure kept with its numbers, its
+    verdict not comparable (the machine's difference is not the software's)."""
+    out = table.copy()
+    judged = out["verdict"] != NOT_COMPARABLE
+    out.loc[judged, "verdict"] = NOT_COMPARABLE
+    out.loc[judged, "reason"] = f"another kind of machine ({change}): --across-machines judges it anyway"
+    return out
 
 
 def hosts(base: dict[str, Any], new: dict[str, Any]) -> str | None:

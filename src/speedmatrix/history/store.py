@@ -152,6 +152,8 @@ def _run_id(run: Path, cells: dict[tuple[str, str], dict[str, Any]], summary: di
 def run_id(run: str | Path) -> str:
     """The id a results folder's run has (or will have) in the store."""
     run = Path(run)
+    if not run.is_dir():
+        raise StoreError(f"{run}: no such results folder (give results/<experiment> of a run)")
     return _run_id(run, _cell_docs(run), atomic.read_json_if_there(RunFolder(run).summary) or {})[1]
 
 
@@ -241,7 +243,7 @@ def connect(store: str | Path, create: bool = False) -> Iterator[sqlite3.Connect
     store = Path(store)
     if not create and not store.exists():
         raise StoreError(f"{store}: no results store here yet (a finished run adds itself: `make run`; or "
-                         "`speedmatrix history add results/<experiment>`)")
+                         "`speedmatrix history --add results/<experiment>`)")
     if store.suffix == ".gz":
         if create:
             raise StoreError(f"{store}: a compressed store is read-only; `gunzip -k {store}` and add to the "
@@ -334,7 +336,17 @@ def resolve(store: str | Path, ref: str) -> str:
 
 def cells(store: str | Path, run_id: str) -> pd.DataFrame:
     with connect(store) as con:
+        if "cells" not in _tables(con):  # a store no run was added to yet
+            return pd.DataFrame()
         return pd.read_sql_query("SELECT * FROM cells WHERE run_id = ?", con, params=(run_id,))
+
+
+def stored_cells(store: str | Path) -> list[str]:
+    """Every server/cell the store holds, once each (what `history --cell` can be given)."""
+    with connect(store) as con:
+        if "cells" not in _tables(con):
+            return []
+        return [f"{s}/{c}" for s, c in con.execute("SELECT DISTINCT server_id, cell_id FROM cells ORDER BY 1, 2")]
 
 
 def requests(store: str | Path, run_id: str) -> pd.DataFrame:
@@ -345,6 +357,8 @@ def requests(store: str | Path, run_id: str) -> pd.DataFrame:
 def cell_history(store: str | Path, server_id: str, cell_id: str, experiment: str | None = None) -> pd.DataFrame:
     """One cell in every stored run: the run's manifest beside the cell's figures, oldest first."""
     with connect(store) as con:
+        if not {"cells", "runs"} <= _tables(con):  # a store no run was added to yet
+            return pd.DataFrame()
         query = ("SELECT r.started_at AS run_started_at, r.vllm_version AS run_vllm_version, r.status AS run_status, "
                  "r.hostname AS run_hostname, r.speedmatrix_commit, c.* FROM cells c JOIN runs r USING (run_id) "
                  "WHERE c.server_id = ? AND c.cell_id = ?")

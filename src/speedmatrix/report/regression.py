@@ -3,6 +3,7 @@ print these, and a run's report carries them ("Against run X", "This cell in ear
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,8 @@ from ..core import atomic, fmt
 from ..core.errors import StoreError
 from ..core.runfolder import RunFolder
 from ..core.table import Block, Bullets, Figure, Heading, Para, Table, html_page, markdown
+from ..history import gate, store
 from ..history import regress as rg
-from ..history import store
 from . import charts
 
 SHOW = {"request_tok_s": fmt.num, "ttft_ms": fmt.ms, "tpot_ms": fmt.ms}
@@ -31,18 +32,38 @@ def _run_line(row: dict[str, Any]) -> str:
 
 
 def counts(table: pd.DataFrame) -> dict[str, int]:
+    """Per cell: its verdict (slower if any figure is), and how many cells were lost or not judged for a
+    measurement problem (both among the not comparable)."""
     per_cell = rg.cell_verdicts(table)["verdict"].value_counts()
-    return {v: int(per_cell.get(v, 0)) for v in (rg.SLOWER, rg.FASTER, rg.SAME, rg.NOT_COMPARABLE)}
+    out = {v: int(per_cell.get(v, 0)) for v in (rg.SLOWER, rg.FASTER, rg.SAME, rg.NOT_COMPARABLE)}
+    return {**out, "lost": len(rg.lost_cells(table)), "measurement": len(rg.measurement_cells(table))}
 
 
-def answer(table: pd.DataFrame) -> str:
+def answer(table: pd.DataFrame, causes: list[str] | None = None) -> str:
+    """The headline: every outcome with its count, and the exit status it gives. ``causes``: the new run's
+    failed jobs' causes (its run summary), said where it lost cells."""
     c = counts(table)
+    code = rg.outcome(table)
     if rg.nothing_compared(table):
-        return (f"**Nothing compared**: none of the {c[rg.NOT_COMPARABLE]} cells has a figure in both runs (the "
-                "Why column says which run lacks it); no verdict.")
-    head = (f"**{c[rg.SLOWER]} cell{'s' * (c[rg.SLOWER] != 1)} slower**" if c[rg.SLOWER] else "**No cell slower**")
-    return (f"{head}, {c[rg.FASTER]} faster, {c[rg.SAME]} with no change, {c[rg.NOT_COMPARABLE]} not comparable "
-            "(per cell: slower if any figure is).")
+        head = (f"**Nothing compared**: none of the {c[rg.NOT_COMPARABLE]} cells has a figure in both runs (the "
+                "Why column says which run lacks it); no verdict")
+    else:
+        head = ((f"**{c[rg.SLOWER]} cell{'s' * (c[rg.SLOWER] != 1)} slower**" if c[rg.SLOWER]
+                 else "**No cell slower**")
+                + f", {c[rg.FASTER]} faster, {c[rg.SAME]} with no change")
+    rest = [f"**{c['lost']} lost**" if c["lost"] else "0 lost",
+            f"**{c['measurement']} not judged for a measurement problem** (the client's, not the server's)"
+            if c["measurement"] else "0 with a measurement problem",
+            f"{c[rg.NOT_COMPARABLE]} not comparable in all"]
+    name = code.name.lower().replace("_", " ")
+    said = f"{head}; {', '.join(rest)} (per cell: slower if any figure is). Outcome: {name} (exit {int(code)})."
+    if c["lost"] and causes:
+        said += " The new run's failed jobs: " + "; ".join(causes[:3]) + (" ..." if len(causes) > 3 else "") + "."
+    change = next((r for r in table.get("reason", pd.Series(dtype=object)).dropna()
+                   if str(r).startswith("another kind of machine")), None)
+    if change:
+        said = f"**Another kind of machine**: {change[len('another kind of machine '):]}. " + said
+    return said
 
 
 def verdict_table(table: pd.DataFrame) -> Table:
@@ -91,7 +112,7 @@ def beside_table(base_cells: pd.DataFrame, new_cells: pd.DataFrame) -> Table | N
 
 
 def blocks(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any], level: int = 1,
-           cells: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> list[Block]:
+           cells: tuple[pd.DataFrame, pd.DataFrame] | None = None, causes: list[str] | None = None) -> list[Block]:
     beside = beside_table(*cells) if cells is not None else None
     extra: list[Block] = [] if beside is None else [
         Heading(level + 1, "Speculation and energy in each run"),
@@ -99,7 +120,7 @@ def blocks(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any], level
              "output tok/s, the GPU energy per output token over the measurement window, its part above what the "
              "GPU drew idle before the server started, and the energy over only the tokens of requests that met "
              "the first latency target. Not judged: read them beside the verdicts above."), beside]
-    return [Heading(level, f"Against run {base['run_id']}"), Para(answer(table)),
+    return [Heading(level, f"Against run {base['run_id']}"), Para(answer(table, causes)),
             Bullets([f"Base: {_run_line(base)}", f"New: {_run_line(new)}",
                      *([f"Where: {where}"] if (where := rg.hosts(base, new)) else [])]),
             Para("Each figure from the cell's requests (counted in its window, no error, no warm-up); the change's "
@@ -113,16 +134,56 @@ def blocks(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any], level
 
 
 def write(out: str | Path, table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any],
-          cells: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> Path:
+          cells: tuple[pd.DataFrame, pd.DataFrame] | None = None, causes: list[str] | None = None) -> Path:
     """regress.md, regress.html and regress.csv (every figure's row) into ``out``; ``cells``: both runs' cells,
     for their acceptance and energy side by side."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = blocks(table, base, new, cells=cells)
+    doc = blocks(table, base, new, cells=cells, causes=causes)
     atomic.write_bytes(out / "regress.md", markdown(doc).encode())
     atomic.write_bytes(out / "regress.html", html_page(doc, f"Against run {base['run_id']}").encode())
     table.to_csv(out / "regress.csv", index=False)
     return out / "regress.md"
+
+
+def verdict_json(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any],
+                 causes: list[str] | None = None) -> dict[str, Any]:
+    """The verdict for a machine: the outcome, its exit status and meaning, the headline, the counts, the cells of
+    each outcome found, both runs' ids and every figure's row."""
+    code = rg.outcome(table)
+    rows = json.loads(table.to_json(orient="records"))  # NaN as null
+    return {"outcome": code.name.lower(), "exit_status": int(code), "meaning": gate.MEANING[code],
+            "headline": answer(table, causes).replace("**", ""), "counts": counts(table),
+            "found": {o.name.lower(): cells for o, cells in rg.found(table).items()},
+            "base": base.get("run_id"), "new": new.get("run_id"), "new_run_causes": causes or [], "rows": rows}
+
+
+def verdict_junit(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any]) -> str:
+    """The verdict as JUnit XML, for CI systems that read it: a test case per cell; a slower or lost cell is a
+    failure, a measurement problem an error, a cell not comparable otherwise is skipped."""
+    import xml.etree.ElementTree as ET
+
+    per_cell = rg.cell_verdicts(table).set_index(["server_id", "cell_id"])["verdict"]
+    lost, measured = set(rg.lost_cells(table)), set(rg.measurement_cells(table))
+    suite = ET.Element("testsuite", name=f"speedmatrix regress {base.get('run_id')} -> {new.get('run_id')}")
+    failures = errors = skipped = 0
+    for (sid, cid), verdict in per_cell.items():
+        case = ET.SubElement(suite, "testcase", classname=str(sid), name=str(cid))
+        rows = table[(table["server_id"] == sid) & (table["cell_id"] == cid)]
+        why = "; ".join(dict.fromkeys(str(r) for r in rows["reason"].dropna() if r)) or verdict
+        key = f"{sid}/{cid}"
+        if key in lost or verdict == rg.SLOWER:
+            failures += 1
+            ET.SubElement(case, "failure", type="lost" if key in lost else "slower", message=why)
+        elif key in measured:
+            errors += 1
+            ET.SubElement(case, "error", type="measurement", message=why)
+        elif verdict == rg.NOT_COMPARABLE:
+            skipped += 1
+            ET.SubElement(case, "skipped", message=why)
+    suite.set("tests", str(len(per_cell)))
+    suite.set("failures", str(failures)), suite.set("errors", str(errors)), suite.set("skipped", str(skipped))
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
 
 def runs_table(runs: pd.DataFrame) -> Table:
