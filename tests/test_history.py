@@ -191,8 +191,8 @@ def test_each_outcome_has_its_exit_status_words_json_and_junit(recorded, tmp_pat
     suite = ET.parse(junit).getroot()
     failed = [c for c in suite.iter("testcase") if c.find("failure") is not None]
     assert [(c.get("classname"), c.get("name")) for c in failed] == [SLOWED]
-    assert suite.get("failures") == "1" and int(suite.get("tests")) == doc["counts"]["slower"] + doc["counts"][
-        "faster"] + doc["counts"]["no change"] + doc["counts"]["not comparable"]
+    assert suite.get("failures") == "1" and int(suite.get("tests")) == sum(
+        doc["counts"][v] for v in ("slower", "faster", "inconclusive", "no change", "not comparable"))
     capsys.readouterr()
     assert main(["regress", str(base), str(base), "--json", "-", "--store", str(tmp_path / "none.sqlite")]) == 0
     assert json.loads(capsys.readouterr().out)["outcome"] == "pass"  # only the JSON on stdout
@@ -219,7 +219,7 @@ def test_a_slower_cell_is_found_and_the_exit_code_says_so(recorded, tmp_path, ca
     table = regress.regress(bc, br, sc, sr)
     per_cell = regress.cell_verdicts(table).set_index(["server_id", "cell_id"])["verdict"]
     assert per_cell[SLOWED] == regress.SLOWER
-    assert (per_cell.drop(SLOWED).isin([regress.SAME, regress.NOT_COMPARABLE])).all()
+    assert (per_cell.drop(SLOWED).isin([*regress.NO_VERDICT, regress.NOT_COMPARABLE])).all()
     rate = table[(table["cell_id"] == SLOWED[1]) & (table["server_id"] == SLOWED[0])
                  & (table["figure"] == "request_tok_s")].iloc[0]
     assert rate["change"] == pytest.approx(1 / 1.4 - 1, abs=0.01) and rate["ci_high"] < 0
@@ -396,7 +396,8 @@ def test_per_figure_minimum_effects_and_a_change_of_machine(recorded, tmp_path, 
     # a minimum effect for request_tok_s above the slowdown, none for the latencies: TTFT still judges it slower
     table = regress.regress(bc, br, sc, sr, {"request_tok_s": 0.6})
     rows = table[(table["server_id"] == SLOWED[0]) & (table["cell_id"] == SLOWED[1])].set_index("figure")
-    assert rows.loc["request_tok_s", "verdict"] == regress.SAME and rows.loc["ttft_ms", "verdict"] == regress.SLOWER
+    assert rows.loc["request_tok_s", "verdict"] == regress.INCONCLUSIVE  # a change the minimum effect hides
+    assert rows.loc["ttft_ms", "verdict"] == regress.SLOWER
     assert rows.loc["request_tok_s", "min_effect"] == pytest.approx(0.6)
     db = tmp_path / "none.sqlite"
     assert main(["regress", str(base), str(slow), "--min-effect", "abc", "--store", str(db)]) == 2

@@ -8,6 +8,7 @@ import pandas as pd
 from conftest import REPO
 from speedmatrix.core import fmt
 from speedmatrix.core.table import html_page, markdown
+from speedmatrix.history import regress
 from speedmatrix.jobs import aggregate
 from speedmatrix.judge import decide
 from speedmatrix.plan import experiment
@@ -45,7 +46,7 @@ def test_the_summary_opens_the_report_and_answers_the_seeds_questions():
     assert set(s.loc[s["status_note"].notna(), "ratio"].isna()) == {True}
     table = summary.split("### Where speculation pays", 1)[1]
     for r in judged.itertuples():
-        word = answer.WITHIN_NOISE if r.verdict == "no change" else r.verdict
+        word = answer.WITHIN_NOISE if r.verdict in regress.NO_VERDICT else r.verdict
         assert f"×{r.ratio:.2f} ({r.ci_low:.2f}–{r.ci_high:.2f}) {word}" in table
     # the crossover named per context
     for ctx in sorted(s["context_tokens"].unique()):

@@ -540,7 +540,8 @@ def _add_history(sub) -> None:
     hi.set_defaults(func=cmd_history)
 
     rg = sub.add_parser(
-        "regress", help="per cell and figure: faster, slower, no change or not comparable, with statistics",
+        "regress", help="per cell and figure: faster, slower, no change, inconclusive or not comparable, with "
+        "statistics",
         description=_doc("history.regress") + " Exit status (speedmatrix.history.gate; the most severe found: "
         "lost, nothing comparable, slower, measurement): " + _exit_statuses() + ".",
         formatter_class=argparse.RawDescriptionHelpFormatter)

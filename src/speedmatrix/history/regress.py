@@ -1,4 +1,5 @@
-"""The regression verdict between two runs: per cell and figure, faster / slower / no change / not comparable.
+"""The regression verdict between two runs: per cell and figure, faster / slower / no change / inconclusive / not
+comparable.
 
 Method (docs/decisions/0022-regression-verdicts.md): each figure is computed from the cell's requests (those its
 window counted, without error and outside warm-up phases), and a bootstrap over those requests, resampled within
@@ -8,7 +9,9 @@ user's (``min_effect``), else the cell's own noise (``noise_multiple`` times the
 the spread between the cell's repeats where it has several, and its own bootstrap interval's half-width). Cells
 measured differently (another server config, cell, prompt set, window or client setting: ``basis_sha256``), in a
 status with no figure (looped, over capacity, client-bound, lossy, failed) or whose load is the run's own result
-(a search) are *not comparable* and never compared.
+(a search) are *not comparable* and never compared. *No change* only where the interval holds zero and stays
+within the minimum effect; a change under the minimum effect, or an interval reaching beyond it, is
+*inconclusive* (the cell's noise, or its few requests, cannot tell).
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ COMPARABLE_STATUSES = USABLE
 # a cell in these statuses was not the server's doing: its figure is the client's (a measurement problem)
 MEASUREMENT_STATUSES = (Status.CLIENT_BOUND,)
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "faster", "slower", "no change", "not comparable"
+# neither a change nor none: a change the cell's noise hides, or an interval wider than the minimum effect
+INCONCLUSIVE = "inconclusive"
+# a verdict that is neither faster nor slower (the report's "within noise")
+NO_VERDICT = (SAME, INCONCLUSIVE)
 
 
 @dataclass(frozen=True)
@@ -171,10 +178,14 @@ def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, m
     better = change > 0 if fig.higher_is_better else change < 0
     if (low > 0 or high < 0) and abs(change) >= threshold:
         verdict, reason = (FASTER if better else SLOWER), ""
+    elif low <= 0 <= high and max(-low, high) <= threshold:
+        verdict, reason = SAME, "the interval holds no change and stays within the minimum effect"
+    elif low <= 0 <= high:
+        verdict = INCONCLUSIVE
+        reason = f"the interval reaches beyond the minimum effect ({threshold:.1%}): too few requests to tell"
     else:
-        verdict = SAME
-        reason = ("the interval holds no change" if low <= 0 <= high
-                  else f"smaller than the minimum effect ({threshold:.1%})")
+        verdict = INCONCLUSIVE
+        reason = f"a change smaller than the minimum effect ({threshold:.1%}): the cell's noise hides it"
     return {**out, "base": point_b, "new": point_n, "change": change, "ci_low": low, "ci_high": high,
             "noise": noise, "run_noise": run_noise if runs_seen else None, "other_runs": runs_seen,
             "min_effect": threshold, "verdict": verdict, "reason": reason,
@@ -255,7 +266,7 @@ def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.Dat
     out = pd.DataFrame(rows)
     for flag in ("lost", "measurement"):
         out[flag] = [v is True for v in out[flag]] if flag in out else False
-    order = {SLOWER: 0, FASTER: 1, SAME: 2, NOT_COMPARABLE: 3}
+    order = {SLOWER: 0, FASTER: 1, INCONCLUSIVE: 2, SAME: 3, NOT_COMPARABLE: 4}
     out["_o"] = out["verdict"].map(order)
     return out.sort_values(["_o", "server_id", "cell_id"], kind="stable").drop(columns="_o").reset_index(drop=True)
 
@@ -271,7 +282,7 @@ def _same_cell(cells: pd.DataFrame, reqs: pd.DataFrame, like: pd.Series, key: tu
 
 def cell_verdicts(table: pd.DataFrame) -> pd.DataFrame:
     """One verdict a cell: slower if any figure is, else faster if any is, else no change, else not comparable."""
-    order = [SLOWER, FASTER, SAME, NOT_COMPARABLE]
+    order = [SLOWER, FASTER, INCONCLUSIVE, SAME, NOT_COMPARABLE]
     worst = table.groupby(["server_id", "cell_id"], sort=False)["verdict"].agg(
         lambda v: next(o for o in order if o in set(v)))
     return worst.reset_index()

@@ -129,7 +129,7 @@ def _ratio_text(r: Any) -> str:
         return r.status_note
     if fmt.missing(r.ratio):
         return f"not comparable ({SHORT.get(r.reason, r.reason)})" if r.reason else "not comparable"
-    word = WITHIN_NOISE if r.verdict == regress.SAME else r.verdict
+    word = WITHIN_NOISE if r.verdict in regress.NO_VERDICT else r.verdict
     text = f"×{r.ratio:.2f} ({r.ci_low:.2f}–{r.ci_high:.2f}) {word}"
     # a side whose repeats disagree: the ratio pools their requests, the matrix shows their median
     return f"{text} ({fmt.status(Status.UNSTABLE)})" if getattr(r, "unstable", False) else text
@@ -172,9 +172,9 @@ def crossover(g: pd.DataFrame) -> str:
     """One context's sentence: where speculation pays, where it is within noise, where it costs, and between
     which concurrencies it crosses over (cells not counted are said as such)."""
     g = g.sort_values("concurrency")
-    judged = g[g["ratio"].notna() & g["verdict"].isin([regress.FASTER, regress.SLOWER, regress.SAME])]
+    judged = g[g["ratio"].notna() & g["verdict"].isin([regress.FASTER, regress.SLOWER, *regress.NO_VERDICT])]
     wins, losses = judged[judged["verdict"] == regress.FASTER], judged[judged["verdict"] == regress.SLOWER]
-    same = judged[judged["verdict"] == regress.SAME]
+    same = judged[judged["verdict"].isin(regress.NO_VERDICT)]
     parts = []  # (the lowest concurrency it speaks of, the words): said from the fewest requests at once up
     if len(wins):
         parts.append((wins["concurrency"].min(), f"pays at {_concs(wins)} at once (up to {_pct(wins['ratio'].max())})"))
@@ -313,7 +313,7 @@ def speculation_sentence(s: pd.DataFrame) -> str | None:
     for sid, g in s.groupby("server_id", sort=False):
         v = g["verdict"]
         n_f, n_s, n_n = int((v == regress.FASTER).sum()), int((v == regress.SLOWER).sum()), \
-            int((v == regress.SAME).sum())
+            int(v.isin(regress.NO_VERDICT).sum())
         left = int(g["status_note"].notna().sum())
         judged = g[g["ratio"].notna()]
         span = (f" (×{judged['ratio'].min():.2f} to ×{judged['ratio'].max():.2f} output tok/s)"

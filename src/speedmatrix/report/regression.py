@@ -35,7 +35,7 @@ def counts(table: pd.DataFrame) -> dict[str, int]:
     """Per cell: its verdict (slower if any figure is), and how many cells were lost or not judged for a
     measurement problem (both among the not comparable)."""
     per_cell = rg.cell_verdicts(table)["verdict"].value_counts()
-    out = {v: int(per_cell.get(v, 0)) for v in (rg.SLOWER, rg.FASTER, rg.SAME, rg.NOT_COMPARABLE)}
+    out = {v: int(per_cell.get(v, 0)) for v in (rg.SLOWER, rg.FASTER, rg.INCONCLUSIVE, rg.SAME, rg.NOT_COMPARABLE)}
     return {**out, "lost": len(rg.lost_cells(table)), "measurement": len(rg.measurement_cells(table))}
 
 
@@ -50,7 +50,7 @@ def answer(table: pd.DataFrame, causes: list[str] | None = None) -> str:
     else:
         head = ((f"**{c[rg.SLOWER]} cell{'s' * (c[rg.SLOWER] != 1)} slower**" if c[rg.SLOWER]
                  else "**No cell slower**")
-                + f", {c[rg.FASTER]} faster, {c[rg.SAME]} with no change")
+                + f", {c[rg.FASTER]} faster, {c[rg.SAME]} with no change, {c[rg.INCONCLUSIVE]} inconclusive")
     rest = [f"**{c['lost']} lost**" if c["lost"] else "0 lost",
             f"**{c['measurement']} not judged for a measurement problem** (the client's, not the server's)"
             if c["measurement"] else "0 with a measurement problem",
@@ -128,7 +128,9 @@ def blocks(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any], level
                  "exclude no change and the change to reach the minimum effect (the user's, or twice the cell's own "
                  "noise: its repeats' spread, each run's interval, and its spread across the store's other runs of "
                  "the same runtime on a machine of the same kind, GPU, CPU model and core count, where there are "
-                 "some). Latency figures only where both runs' tokens streamed as made. Cells measured "
+                 "some). No change only where the interval holds none and stays within the minimum effect; a "
+                 "change under it, or an interval reaching beyond it, is inconclusive. Latency figures only where "
+                 "both runs' tokens streamed as made. Cells measured "
                  "differently, searches, and cells without a figure in either run are not compared."),
             verdict_table(table), *extra]
 
