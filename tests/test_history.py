@@ -274,6 +274,18 @@ def test_a_run_against_a_published_matrix(tmp_path):
     mine = reproduce.compare(matrix, reproduce.load(path))
     agreeing = mine["cells"]["status_run"].isin(reproduce.STATUSES)
     assert mine["cells"].loc[agreeing, "agree"].all() and mine["rows"]["same_boundary"].all()
+    # the exit status: report only by default; under a minimum agreement, 1; a run of an experiment the file does
+    # not name, bad input unless --any-experiment; nothing to compare, 4
+    seed = str(REPO / "config" / "published" / "seed002-speed-matrix.yaml")
+    share = found["summary"]["agree"] / found["summary"]["measured"]
+    assert main(["reproduce", str(run), seed]) == 0
+    assert main(["reproduce", str(run), seed, "--min-agreement", f"{share * 100 + 1:.3f}"]) == 1
+    assert main(["reproduce", str(run), seed, "--min-agreement", f"{share * 100 - 1:.3f}"]) == 0
+    other = REPO / "docs" / "results" / "h200-tiny-trained-spec"
+    assert main(["reproduce", str(other), seed, "--server", "base"]) == 2  # h200-tiny-trained-spec: not named
+    capacity = pd.read_parquet(other / "matrix.parquet").query("workload == 'capacity' and server_id == 'base'")
+    capacity.to_parquet(tmp_path / "matrix.parquet")  # no decode cell: nothing the matrix can be compared with
+    assert main(["reproduce", str(tmp_path / "matrix.parquet"), seed, "--any-experiment"]) == 4
     bad = tmp_path / "bad.yaml"
     bad.write_text("source: x\ndecode:\n  concurrency: [1, 2]\n  status:\n    128: [valid, maybe]\n")
     with pytest.raises(ConfigError, match=r"bad.yaml: key 'decode.status.128': 'maybe'"):

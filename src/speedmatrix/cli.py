@@ -211,7 +211,12 @@ def cmd_reproduce(ns: argparse.Namespace) -> int:
     from .history import reproduce
     from .report import compare, regression
 
-    found = reproduce.compare(compare.load_matrix(ns.run), reproduce.load(ns.published), ns.server, ns.gpu)
+    matrix, published = compare.load_matrix(ns.run), reproduce.load(ns.published)
+    if not ns.any_experiment:
+        reproduce.check_experiment(matrix, published)
+    found = reproduce.compare(matrix, published, ns.server, ns.gpu)
+    code, why = reproduce.outcome(found, None if ns.min_agreement is None else ns.min_agreement / 100,
+                                  ns.tolerance / 100)
     page = markdown(regression.reproduction_blocks(found))
     if ns.out:
         ns.out.mkdir(parents=True, exist_ok=True)
@@ -219,7 +224,8 @@ def cmd_reproduce(ns: argparse.Namespace) -> int:
         found["cells"].to_csv(ns.out / "reproduce-cells.csv", index=False)
         print(f"wrote {ns.out / 'reproduce.md'} and reproduce-cells.csv", file=sys.stderr)
     print(page)
-    return 0
+    print(f"speedmatrix reproduce: {why} (exit {int(code)})", file=sys.stderr)
+    return int(code)
 
 
 def cmd_rederive(ns: argparse.Namespace) -> int:
@@ -569,7 +575,10 @@ def _add_history(sub) -> None:
 
     rp = sub.add_parser(
         "reproduce", help="a run against a published matrix: status agreement, figures as ratios, the boundary",
-        description=_doc("history.reproduce"), formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=_doc("history.reproduce") + " Exit status (speedmatrix.history.gate): 0 reproduced (or no "
+        "minimum agreement asked), 1 agreement under --min-agreement, 2 bad input (a run of an experiment the file "
+        "does not name: --any-experiment), 4 no published figure has a cell in the run.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     rp.add_argument("run", metavar="RUN", help="a results folder (results/<experiment>) or its matrix.parquet")
     rp.add_argument("published", metavar="PUBLISHED", type=Path,
                     help="a published matrix, e.g. config/published/seed002-speed-matrix.yaml")
@@ -577,6 +586,12 @@ def _add_history(sub) -> None:
                     "several)")
     rp.add_argument("--gpu", help="only the published rows of this GPU (as the file names it, e.g. 'RTX PRO 6000')")
     rp.add_argument("--out", type=Path, help="also write reproduce.md and reproduce-cells.csv here")
+    rp.add_argument("--min-agreement", type=float, metavar="PCT", help="exit 1 when fewer than this share of the "
+                    "matrix's statuses (or of the named figures) agree (default: report only)")
+    rp.add_argument("--tolerance", type=float, default=10.0, metavar="PCT",
+                    help="a named figure's output tok/s agrees within this much of the published (default 10)")
+    rp.add_argument("--any-experiment", action="store_true",
+                    help="compare a run of an experiment the published file does not name")
     rp.set_defaults(func=cmd_reproduce)
 
 

@@ -1,5 +1,5 @@
-"""What a check's exit status says: one table of outcomes for `speedmatrix regress` (a nightly job's gate), the
-same codes wherever a command judges runs.
+"""What a check's exit status says: one table of outcomes for `speedmatrix regress` (a nightly job's gate) and
+`speedmatrix reproduce`, the same codes wherever a command judges runs.
 
 An outcome is the most severe thing found between two runs, in this order: a cell lost to the server, nothing
 comparable, a cell slower, a measurement problem that is not the server's; else pass. Bad input (not a run, an
@@ -22,7 +22,8 @@ class Outcome(IntEnum):
 
 MEANING = {
     Outcome.PASS: "pass: no cell slower beyond its minimum effect, none lost, no measurement problem",
-    Outcome.SLOWER: "a figure of a cell significantly slower beyond its minimum effect",
+    Outcome.SLOWER: "a figure of a cell significantly slower beyond its minimum effect (reproduce: agreement under "
+                    "--min-agreement)",
     Outcome.BAD_INPUT: "bad input: not a run, an unknown run id, an empty store, a usage error",
     Outcome.LOST: "a cell the base measured lost to the server in the new run (failed, looped, over capacity, "
                   "lossy, or a job that did not run: a release whose servers did not start)",

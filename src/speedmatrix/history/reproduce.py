@@ -21,6 +21,7 @@ import yaml
 from .. import workloads
 from ..core.errors import ConfigError
 from ..core.status import Status
+from .gate import Outcome
 
 STATUSES = (Status.VALID, Status.LOOPED, Status.OVER_CAPACITY)
 
@@ -98,6 +99,37 @@ def named_rows(matrix: pd.DataFrame, published: dict[str, Any], gpu: str | None 
         if f"{col}_published" in both:
             both[f"{col}_ratio"] = both[col] / both[f"{col}_published"]
     return both
+
+
+def check_experiment(matrix: pd.DataFrame, published: dict[str, Any]) -> None:
+    """A run of an experiment the published file does not name (its ``experiments:``) is refused: another
+    experiment's cells would be read as this table's."""
+    named = published.get("experiments") or []
+    ran = sorted({str(e) for e in matrix.get("experiment", pd.Series(dtype=object)).dropna()})
+    if named and ran and not set(ran) & set(named):
+        raise ConfigError(f"{published['path']}: the run is of {', '.join(ran)}, which its 'experiments' key does not "
+                          f"name ({', '.join(named)}); give --any-experiment to compare it all the same")
+
+
+def outcome(found: dict[str, Any], min_agreement: float | None = None,
+            tolerance: float = 0.10) -> tuple[Outcome, str]:
+    """The reproduction's exit status (history.gate) and why: nothing comparable where no published figure has a
+    cell of the run; the check failed (1) where the share that agrees is under ``min_agreement``: the statuses of
+    the matrix's cells, and the named figures whose output tok/s is within ``tolerance`` of the published."""
+    s, named = found["summary"], found.get("named", pd.DataFrame())
+    if not s["measured"] and not s.get("named_measured"):
+        return Outcome.NOTHING_COMPARABLE, "no published figure has a cell of the same shape in the run"
+    shares = []
+    if s["measured"]:
+        shares.append(("statuses", s["agree"], s["measured"]))
+    if len(named) and "total_tok_s_ratio" in named and named["total_tok_s_ratio"].notna().any():
+        ratio = named["total_tok_s_ratio"].dropna()
+        shares.append((f"output tok/s within {tolerance:.0%}", int(((ratio - 1).abs() <= tolerance).sum()),
+                       int(len(ratio))))
+    said = "; ".join(f"{what}: {n} of {of} agree" for what, n, of in shares)
+    if min_agreement is not None and any(n / of < min_agreement for _, n, of in shares if of):
+        return Outcome.SLOWER, f"{said}, under the minimum agreement {min_agreement:.0%}"
+    return Outcome.PASS, said
 
 
 def compare(matrix: pd.DataFrame, published: dict[str, Any], server_id: str | None = None,
