@@ -457,3 +457,37 @@ def test_the_store_and_history_say_what_to_do(recorded, tmp_path, capsys):
 
     for name in ("regress.md", "regress.html"):  # as a plain open() makes them: 0644 under the usual umask
         assert (out / name).stat().st_mode & 0o777 == atomic.MODE == 0o666 & ~atomic._umask(), name
+
+
+def test_a_cells_trend_names_each_runs_machine_and_selects_by_machine_and_config(recorded, tmp_path, capsys):
+    """history --cell: each run's experiment, runtime and machine in its row; --machine and --same-config narrow
+    the runs (a run on another GPU, a run of another server config left out); --chart draws the trend."""
+    base, slow, _ = recorded
+    other = tmp_path / "other-gpu"
+    shutil.copytree(slow, other)
+    for doc_path in (other / "cells").glob("*/*.json"):  # the same cells measured later on another card
+        doc = json.loads(doc_path.read_text())
+        doc["result"]["started_at"] = "2026-12-04T10:00:00+0000"
+        doc_path.write_text(json.dumps(doc))
+    matrix = pd.read_parquet(other / "matrix.parquet")
+    matrix["gpu_name"] = "NVIDIA H100 80GB HBM3"
+    matrix.to_parquet(other / "matrix.parquet")
+    db = tmp_path / "history.sqlite"
+    for run in (base, slow, other):
+        store.add(run, db)
+    cell = "base/decode-ctx128-c1-temp0.7"
+    assert main(["history", "--store", str(db), "--cell", cell]) == 0
+    table = capsys.readouterr().out
+    assert "| Machine |" in table and "NVIDIA H100 80GB HBM3" in table and "h200-tiny-trained-spec" in table
+    assert main(["history", "--store", str(db), "--cell", cell, "--machine", "h200", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 2 and all("H200" in r["run_gpu_name"] for r in rows)
+    png = tmp_path / "trend.png"
+    assert main(["history", "--store", str(db), "--cell", cell, "--same-config", "--chart", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    # a run of another server config (a flag changed) is left out; an extends: child of the same config is not
+    from speedmatrix.report import regression
+
+    found = store.cell_history(db, "base", "decode-ctx128-c1-temp0.7")
+    found.loc[found.index[0], "config_sha256"] = "another"
+    assert len(regression.select_history(found, same_config=True)) == len(found) - 1

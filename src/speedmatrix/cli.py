@@ -134,8 +134,9 @@ def cmd_compare(ns: argparse.Namespace) -> int:
 
 
 def cmd_history(ns: argparse.Namespace) -> int:
+    from .core.table import Heading, markdown
     from .history import store
-    from .report import regression
+    from .report import charts, regression
 
     if ns.add:
         for run in ns.add:
@@ -151,9 +152,23 @@ def cmd_history(ns: argparse.Namespace) -> int:
               + (f"; the store's cells (SERVER/CELL): {', '.join(known[:40])}" + (" ..." if len(known) > 40 else "")
                  if known else f"; {ns.store} holds no cell yet"), file=sys.stderr)
         return 2
+    if ns.cell and (ns.machine or ns.same_config or ns.chart):
+        rows = regression.select_history(store.cell_history(ns.store, *ns.cell.partition("/")[::2],
+                                                            ns.experiment), ns.machine, ns.same_config)
+        if ns.chart:
+            chart = regression.trend_chart(rows, ns.cell)
+            if ns.chart.suffix == ".html":
+                chart.save(str(ns.chart))
+            else:
+                charts.save_png(chart, ns.chart)
+            print(f"wrote {ns.chart}", file=sys.stderr)
+        if ns.format == "markdown":
+            print(markdown([Heading(1, f"{ns.cell} in the stored runs selected"), regression.cell_table(rows)]))
+            return 0
     if ns.format != "markdown":
-        rows = (store.cell_history(ns.store, *ns.cell.partition("/")[::2], ns.experiment) if ns.cell
-                else store.runs(ns.store, ns.experiment))
+        rows = (regression.select_history(store.cell_history(ns.store, *ns.cell.partition("/")[::2],
+                                                             ns.experiment), ns.machine, ns.same_config)
+                if ns.cell else store.runs(ns.store, ns.experiment))
         sys.stdout.write(rows.to_json(orient="records", indent=1) + "\n" if ns.format == "json"
                          else rows.to_csv(index=False))
         return 0
@@ -541,6 +556,12 @@ def _add_history(sub) -> None:
     hi.add_argument("--add", nargs="+", metavar="RESULTS", help="add these results folders to the store")
     hi.add_argument("--id", metavar="RESULTS", help="print the run id a results folder has (or will have) in the "
                     "store, for a script: speedmatrix regress BASE \"$(speedmatrix history --id results/X)\"")
+    hi.add_argument("--machine", metavar="TEXT", help="with --cell: only the runs on a machine whose GPU (or CPU) "
+                    "name holds TEXT, e.g. H100")
+    hi.add_argument("--same-config", action="store_true", help="with --cell: only the runs whose server config "
+                    "(flags, environment, models) is the newest run's: its releases and extends: children line up")
+    hi.add_argument("--chart", type=Path, metavar="FILE", help="with --cell: the trend as a chart (.png or .html): "
+                    "a point per run by runtime and machine, the run-to-run band shaded")
     hi.add_argument("--format", choices=("markdown", "json", "csv"), default="markdown",
                     help="the runs or the cell's rows as a markdown table (default), JSON records or CSV")
     hi.set_defaults(func=cmd_history)

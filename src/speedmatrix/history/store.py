@@ -360,7 +360,9 @@ def cell_history(store: str | Path, server_id: str, cell_id: str, experiment: st
         if not {"cells", "runs"} <= _tables(con):  # a store no run was added to yet
             return pd.DataFrame()
         query = ("SELECT r.started_at AS run_started_at, r.vllm_version AS run_vllm_version, r.status AS run_status, "
-                 "r.hostname AS run_hostname, r.speedmatrix_commit, c.* FROM cells c JOIN runs r USING (run_id) "
+                 "r.hostname AS run_hostname, r.speedmatrix_commit, r.experiment AS run_experiment, "
+                 "r.runtime_ref AS run_runtime_ref, r.gpu_name AS run_gpu_name, r.cpu_model AS run_cpu_model, "
+                 "r.cpu_count AS run_cpu_count, c.* FROM cells c JOIN runs r USING (run_id) "
                  "WHERE c.server_id = ? AND c.cell_id = ?")
         args: tuple = (server_id, cell_id)
         if experiment:

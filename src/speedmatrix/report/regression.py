@@ -202,18 +202,63 @@ CELL_FIGURES = [("total_tok_s", "output tok/s", fmt.num), ("ttft_ms", "median TT
                 ("tbt_ms", "median time between tokens", fmt.ms), ("spec_acceptance_rate", "acceptance", fmt.pct)]
 
 
+def machine_of(row: dict[str, Any] | pd.Series) -> str:
+    """A run's kind of machine as a reader names it: its GPU, else its CPU model and cores."""
+    gpu = row.get("run_gpu_name", row.get("gpu_name"))
+    if not fmt.missing(gpu) and gpu:
+        return str(gpu)
+    cpu, cores = row.get("run_cpu_model", row.get("cpu_model")), row.get("run_cpu_count", row.get("cpu_count"))
+    return " x ".join(str(x) for x in (cpu, None if fmt.missing(cores) else int(cores)) if x is not None) or "—"
+
+
 def cell_table(history: pd.DataFrame) -> Table:
-    """One cell across runs: each run's figures with their 95 % interval where the cell had repeats."""
-    t = Table(["Run", "Started", "vLLM", "Status", *(name for _, name, _ in CELL_FIGURES)])
+    """One cell across runs: each run's experiment, runtime and machine, and its figures with their 95 % interval
+    where the cell had repeats (a change of machine or experiment is in its row, not mistaken for a change of
+    speed)."""
+    t = Table(["Run", "Started", "Experiment", "vLLM", "Runtime", "Machine", "Status",
+               *(name for _, name, _ in CELL_FIGURES)])
     for _, r in history.iterrows():
         vals = []
         for col, _, show in CELL_FIGURES:
             v = show(r.get(col))
             lo, hi = r.get(f"{col}_ci_low"), r.get(f"{col}_ci_high")
             vals.append(v if fmt.missing(lo) or fmt.missing(hi) else f"{v} ({show(lo)}–{show(hi)})")
-        t.add(r["run_id"], r.get("run_started_at") or "—", r.get("run_vllm_version") or "—",
+        t.add(r["run_id"], r.get("run_started_at") or "—", r.get("run_experiment") or "—",
+              r.get("run_vllm_version") or "—", r.get("run_runtime_ref") or "—", machine_of(r),
               fmt.status(r["status"]), *vals)
     return t
+
+
+def select_history(history: pd.DataFrame, machine: str | None = None, same_config: bool = False) -> pd.DataFrame:
+    """A cell's rows across runs narrowed for a trend: the runs on a machine whose name holds ``machine``, and with
+    ``same_config`` the runs whose server config (flags, environment, models: ``config_sha256``, not the
+    experiment's name or the runtime) is the newest run's, so that an ``extends:`` child or another release of
+    the same config lines up and a changed flag does not."""
+    out = history
+    if machine:
+        out = out[[machine.lower() in machine_of(r).lower() for _, r in out.iterrows()]]
+    if same_config and len(out) and "config_sha256" in out:
+        out = out[out["config_sha256"] == out["config_sha256"].iloc[-1]]
+    return out
+
+
+def trend_chart(history: pd.DataFrame, cell: str) -> alt.Chart:
+    """The cell's output tok/s across runs, oldest first: a point per run coloured by runtime and shaped by machine,
+    and the run-to-run band (the runs' median ± twice their standard deviation) shaded."""
+    d = history.assign(started=pd.to_datetime(history["run_started_at"], errors="coerce", utc=True),
+                       machine=[machine_of(r) for _, r in history.iterrows()],
+                       runtime=history["run_runtime_ref"].fillna("—") if "run_runtime_ref" in history else "—")
+    d = d[d["total_tok_s"].notna()]
+    mid, sd = float(d["total_tok_s"].median()), float(d["total_tok_s"].std(ddof=1) if len(d) > 1 else 0.0)
+    x = alt.X("started:T", title="run started")
+    band = alt.Chart(pd.DataFrame({"low": [mid - 2 * sd], "high": [mid + 2 * sd]})).mark_rect(
+        opacity=0.15, color="gray").encode(y="low:Q", y2="high:Q")
+    line = alt.Chart(d).mark_line(color="#888").encode(x=x, y=alt.Y("total_tok_s:Q", title="output tok/s"))
+    dots = alt.Chart(d).mark_point(filled=True, size=70).encode(
+        x=x, y="total_tok_s:Q", color=alt.Color("runtime:N"), shape=alt.Shape("machine:N"),
+        tooltip=["run_id", "run_experiment", "runtime", "machine", "total_tok_s", "status"])
+    return alt.layer(band, line, dots).properties(
+        width=560, height=280, title=f"{cell}: output tok/s across runs (band: median ± 2 SD of the runs shown)")
 
 
 def history_text(store_path: Path, experiment: str | None, cell: str | None) -> str:
