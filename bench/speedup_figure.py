@@ -29,7 +29,7 @@ from speedmatrix.plan import experiment  # noqa: E402
 
 RUNS = {"docs/results/tiny-cpu-decisions": "tiny-cpu", "docs/results/tiny-cpu-trained": "tiny-cpu",
         "docs/results/h200-tiny-trained-spec": "h200-tiny-trained-spec"}
-FIGURES = {"request_tok_s": regress.FIGURES[0], "served_tok_s": regress.SERVED_TOK_S}
+FIGURES = {f.name: f for f in regress.FIGURES if f.name in ("request_tok_s", "served_tok_s")}
 
 
 def rows(run: Path, name: str) -> list[dict]:

@@ -24,7 +24,7 @@ from ..judge import decide, lossless
 
 # the regression verdict's default: a change is a verdict only beyond twice the cells' own noise
 NOISE_MULTIPLE = 2.0
-FIGURES = {f.name: f for f in [*regress.FIGURES, regress.SERVED_TOK_S]}
+FIGURES = {f.name: f for f in regress.FIGURES}
 FIGURE_LABEL = {"served_tok_s": "tok/s", "tpot_ms": "TPOT"}
 WITHIN_NOISE = "within noise"
 # the regression verdict's reasons, as a matrix cell says them

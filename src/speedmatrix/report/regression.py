@@ -18,7 +18,7 @@ from ..history import gate, store
 from ..history import regress as rg
 from . import charts
 
-SHOW = {"request_tok_s": fmt.num, "ttft_ms": fmt.ms, "tpot_ms": fmt.ms}
+SHOW = {f.name: (fmt.num if f.higher_is_better else fmt.ms) for f in rg.FIGURES}
 LABEL = {f.name: f.label for f in rg.FIGURES}
 
 
