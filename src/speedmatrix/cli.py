@@ -198,7 +198,7 @@ def cmd_regress(ns: argparse.Namespace) -> int:
     if ns.json:
         _write_or_print(ns.json, json.dumps(regression.verdict_json(table, base, new, causes), indent=1) + "\n")
     if ns.junit:
-        ns.junit.write_text(regression.verdict_junit(table, base, new))
+        _write_or_print(str(ns.junit), regression.verdict_junit(table, base, new))
     if ns.json != "-":
         print(markdown(regression.blocks(table, base, new, cells=(base_cells, new_cells), causes=causes)))
     code = regress.exit_code(table)
@@ -218,6 +218,7 @@ def _write_or_print(where: str, text: str) -> None:
     if where == "-":
         sys.stdout.write(text)
     else:
+        Path(where).parent.mkdir(parents=True, exist_ok=True)
         Path(where).write_text(text)
 
 
