@@ -227,7 +227,12 @@ def cmd_reproduce(ns: argparse.Namespace) -> int:
     from .history import reproduce
     from .report import compare, regression
 
-    matrix, published = compare.load_matrix(ns.run), reproduce.load(ns.published)
+    try:
+        matrix = compare.load_matrix(ns.run)
+    except (FileNotFoundError, ValueError) as exc:  # not a run: bad input, as for compare and regress
+        print(f"speedmatrix reproduce: {exc}", file=sys.stderr)
+        return 2
+    published = reproduce.load(ns.published)
     if not ns.any_experiment:
         reproduce.check_experiment(matrix, published)
     found = reproduce.compare(matrix, published, ns.server, ns.gpu)
