@@ -287,6 +287,10 @@ def test_a_run_against_a_published_matrix(tmp_path):
     capacity.to_parquet(tmp_path / "matrix.parquet")  # no decode cell: nothing the matrix can be compared with
     assert main(["reproduce", str(tmp_path / "matrix.parquet"), seed, "--any-experiment"]) == 4
     assert main(["reproduce", str(tmp_path / "no-run"), seed]) == 2  # not a run: bad input
+    # compare: the same statuses for bad input and for runs with no cell in common
+    assert main(["compare", str(run), str(run)]) == 0
+    assert main(["compare", str(run), str(tmp_path / "matrix.parquet")]) == 4
+    assert main(["compare", str(run), str(tmp_path / "no-run")]) == 2
     bad = tmp_path / "bad.yaml"
     bad.write_text("source: x\ndecode:\n  concurrency: [1, 2]\n  status:\n    128: [valid, maybe]\n")
     with pytest.raises(ConfigError, match=r"bad.yaml: key 'decode.status.128': 'maybe'"):

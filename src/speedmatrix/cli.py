@@ -15,7 +15,7 @@ import aiohttp
 
 from . import __version__, workloads
 from .core import atomic, runfolder
-from .core.errors import SpeedmatrixError
+from .core.errors import NoCellInCommon, SpeedmatrixError
 from .core.runfolder import RunFolder
 from .core.settings import ClientSettings, defaults_of, section_defaults
 
@@ -123,14 +123,18 @@ def cmd_argv(ns: argparse.Namespace) -> int:
 
 
 def cmd_compare(ns: argparse.Namespace) -> int:
+    from .history.gate import Outcome
     from .report import compare
 
     try:
         print(compare.compare(ns.run_a, ns.run_b, ns.out, ns.match, ns.server_a, ns.server_b))
+    except NoCellInCommon as exc:  # the status regress gives: nothing comparable
+        print(f"speedmatrix compare: {exc} (exit 4)", file=sys.stderr)
+        return Outcome.NOTHING_COMPARABLE
     except (FileNotFoundError, ValueError) as exc:
         print(f"speedmatrix compare: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return Outcome.BAD_INPUT
+    return Outcome.PASS
 
 
 def cmd_history(ns: argparse.Namespace) -> int:
@@ -513,7 +517,8 @@ def _add_comparisons(sub) -> None:
     c = sub.add_parser("compare", help="compare two runs cell by cell (table with changes, and a chart)",
                        description="Compare two runs cell by cell: each figure (output tok/s, median and p95 TTFT) "
                        "for A and B with B's change against A, like seed 003's matched comparison. A run is a "
-                       "results directory (results/<experiment>) or its matrix.parquet.")
+                       "results directory (results/<experiment>) or its matrix.parquet. Exit status "
+                       "(speedmatrix.history.gate): 0, 2 bad input (not a run), 4 no cell in both runs.")
     c.add_argument("run_a")
     c.add_argument("run_b")
     c.add_argument("--match", choices=["server", "cell"], default="server",

@@ -59,3 +59,7 @@ class ResultFileError(SpeedmatrixError, ValueError):
 class EngineCheckError(SpeedmatrixError, RuntimeError):
     """The runtime's Python could not run vLLM's own checks of an experiment (speedmatrix.jobs.enginecheck): the
     check is reported as not run, with this reason."""
+
+
+class NoCellInCommon(SpeedmatrixError, ValueError):
+    """Two runs compared with no cell in common: nothing comparable (exit 4, as regress says it)."""

@@ -17,6 +17,7 @@ import pandas as pd
 
 from .. import workloads
 from ..core import atomic, fmt
+from ..core.errors import NoCellInCommon
 from ..core.runfolder import RunFolder
 from ..core.status import USABLE, Status
 from ..core.table import Figure, Heading, Para, Table, markdown
@@ -60,7 +61,7 @@ def matched(a: pd.DataFrame, b: pd.DataFrame, match: str = "server", server_a: s
         on = ["server_id", "cell_id"]
     both = a[keep].merge(b[keep], on=on, suffixes=("_a", "_b"))
     if both.empty:
-        raise ValueError("the two runs have no cell in common (try --match cell with --server-a/--server-b)")
+        raise NoCellInCommon("the two runs have no cell in common (try --match cell with --server-a/--server-b)")
     for col in ("workload", "context_tokens", "concurrency"):
         if f"{col}_a" in both:
             both[col] = both[f"{col}_a"]
