@@ -23,6 +23,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from speedmatrix.core.runfolder import RunFolder  # noqa: E402
 from speedmatrix.core.status import USABLE  # noqa: E402
 from speedmatrix.history import regress  # noqa: E402
 from speedmatrix.plan import experiment  # noqa: E402
@@ -36,14 +37,9 @@ def rows(run: Path, name: str) -> list[dict]:
     exp = experiment.load(name)
     m = pd.read_parquet(run / "matrix.parquet")
     m = m[(m["workload"] == "decode") & m["status"].isin(USABLE)].set_index(["server_id", "cell_id"])
-    if (run / "requests.parquet").exists():
-        reqs = pd.read_parquet(run / "requests.parquet")
-    else:  # a run that keeps each cell's requests beside its JSON only
-        files = sorted((run / "cells").glob("*/*.requests.parquet"))
-        reqs = pd.concat([pd.read_parquet(p).assign(server_id=p.parent.name,
-                                                    cell_id=p.name.removesuffix(".requests.parquet"))
-                          for p in files], ignore_index=True)
-    reqs = regress.counted(reqs)
+    folder = RunFolder(run)
+    reqs = regress.counted(pd.read_parquet(folder.requests) if folder.requests.exists() else  # else: its cells' own
+                           pd.concat(map(pd.read_parquet, folder.cell_request_files()), ignore_index=True))
     by = dict(iter(reqs.groupby(["server_id", "cell_id"])))
     out = []
     for srv in exp.servers:

@@ -150,34 +150,40 @@ def cmd_history(ns: argparse.Namespace) -> int:
     if ns.id:
         print(store.run_id(ns.id))
         return 0
-    if ns.cell and store.cell_history(ns.store, *ns.cell.partition("/")[::2], ns.experiment).empty:
+    if not ns.cell:
+        if ns.format == "markdown":
+            print(regression.history_text(ns.store, ns.experiment))
+        else:
+            _print_rows(store.runs(ns.store, ns.experiment), ns.format)
+        return 0
+    # one cell across runs, read once, then narrowed (--machine, --same-config), drawn, printed
+    rows = store.cell_history(ns.store, *ns.cell.partition("/")[::2], ns.experiment)
+    if rows.empty:
         known = store.stored_cells(ns.store)
         print(f"speedmatrix history: {ns.cell}: in no stored run" + (f" of {ns.experiment}" if ns.experiment else "")
               + (f"; the store's cells (SERVER/CELL): {', '.join(known[:40])}" + (" ..." if len(known) > 40 else "")
                  if known else f"; {ns.store} holds no cell yet"), file=sys.stderr)
         return 2
-    if ns.cell and (ns.machine or ns.same_config or ns.chart):
-        rows = regression.select_history(store.cell_history(ns.store, *ns.cell.partition("/")[::2],
-                                                            ns.experiment), ns.machine, ns.same_config)
-        if ns.chart:
-            chart = regression.trend_chart(rows, ns.cell)
-            if ns.chart.suffix == ".html":
-                chart.save(str(ns.chart))
-            else:
-                charts.save_png(chart, ns.chart)
-            print(f"wrote {ns.chart}", file=sys.stderr)
-        if ns.format == "markdown":
-            print(markdown([Heading(1, f"{ns.cell} in the stored runs selected"), regression.cell_table(rows)]))
-            return 0
+    selected = bool(ns.machine or ns.same_config)
+    rows = regression.select_history(rows, ns.machine, ns.same_config)
+    if ns.chart:
+        chart = regression.trend_chart(rows, ns.cell)
+        if ns.chart.suffix == ".html":
+            chart.save(str(ns.chart))
+        else:
+            charts.save_png(chart, ns.chart)
+        print(f"wrote {ns.chart}", file=sys.stderr)
     if ns.format != "markdown":
-        rows = (regression.select_history(store.cell_history(ns.store, *ns.cell.partition("/")[::2],
-                                                             ns.experiment), ns.machine, ns.same_config)
-                if ns.cell else store.runs(ns.store, ns.experiment))
-        sys.stdout.write(rows.to_json(orient="records", indent=1) + "\n" if ns.format == "json"
-                         else rows.to_csv(index=False))
+        _print_rows(rows, ns.format)
         return 0
-    print(regression.history_text(ns.store, ns.experiment, ns.cell))
+    where = "the stored runs selected" if selected else "every stored run"
+    print(markdown([Heading(1, f"{ns.cell} in {where}"), regression.cell_table(rows)]))
     return 0
+
+
+def _print_rows(rows, form: str) -> None:
+    """A table's rows as JSON records or CSV on standard output (history --format)."""
+    sys.stdout.write(rows.to_json(orient="records", indent=1) + "\n" if form == "json" else rows.to_csv(index=False))
 
 
 def cmd_regress(ns: argparse.Namespace) -> int:

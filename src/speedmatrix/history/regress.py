@@ -49,12 +49,11 @@ class Figure:
     higher_is_better: bool
 
     def values(self, reqs: pd.DataFrame) -> np.ndarray:
-        of = self.name
-        if of == "ttft_ms":
+        if self.name == "ttft_ms":
             return reqs["ttft_ms"].to_numpy(dtype=float)
-        if of == "served_tok_s":
+        if self.name == "served_tok_s":
             return stats.served_tok_s(reqs["start_s"], reqs["end_s"], reqs["output_tokens"])
-        per_request = stats.tpot_ms if of == "tpot_ms" else stats.request_tok_s  # the cells' definitions
+        per_request = stats.tpot_ms if self.name == "tpot_ms" else stats.request_tok_s  # the cells' definitions
         return per_request(reqs["start_s"], reqs["end_s"], reqs["ttft_ms"], reqs["output_tokens"])
 
     def statistic(self, values: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -115,7 +114,7 @@ def counted(reqs: pd.DataFrame) -> pd.DataFrame:
     return reqs[keep]
 
 
-def _streamed(cell: pd.Series) -> bool:
+def streamed(cell: pd.Series) -> bool:
     """Whether a cell's tokens came as the server made them (not held back and sent in bursts, as vLLM for the CPU
     can): its ``delivery`` in the matrix (none recorded, e.g. one-token prefill cells: as made)."""
     delivery = cell.get("delivery")
@@ -258,13 +257,13 @@ def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.Dat
             continue
         key = (r["server_id"], r["cell_id"])
         rb, rn = counted(by_b.get(key, base_reqs.iloc[:0])), counted(by_n.get(key, new_reqs.iloc[:0]))
-        streamed = _streamed(b) and _streamed(n)
+        as_made = streamed(b) and streamed(n)
         others = tuple([o for o in (_same_cell(sc, sr, b, key) for sc, sr in side) if o is not None]
                        for side in siblings)
         for fig in FIGURES:
             effect = min_effect.get(fig.name) if isinstance(min_effect, dict) else min_effect
             rows.append({**ident, **judge_figure(fig, rb, rn, "/".join(key), effect, noise_multiple, others,
-                                                 streamed)})
+                                                 as_made)})
     out = pd.DataFrame(rows)
     for flag in ("lost", "measurement"):
         out[flag] = [v is True for v in out[flag]] if flag in out else False
@@ -311,15 +310,16 @@ def measurement_cells(table: pd.DataFrame) -> list[str]:
 def found(table: pd.DataFrame) -> dict[Outcome, list[str]]:
     """Each outcome that is not a pass, with the cells (or the words) that make it."""
     out: dict[Outcome, list[str]] = {}
-    if lost_cells(table):
-        out[Outcome.LOST] = lost_cells(table)
+    lost, measured = lost_cells(table), measurement_cells(table)
+    if lost:
+        out[Outcome.LOST] = lost
     if nothing_compared(table):
         out[Outcome.NOTHING_COMPARABLE] = ["no cell has a figure in both runs"]
     slower = table[table["verdict"] == SLOWER]
     if len(slower):
         out[Outcome.SLOWER] = sorted({f"{r.server_id}/{r.cell_id}" for r in slower.itertuples()})
-    if measurement_cells(table):
-        out[Outcome.MEASUREMENT] = measurement_cells(table)
+    if measured:
+        out[Outcome.MEASUREMENT] = measured
     return out
 
 
@@ -380,6 +380,7 @@ def withhold(table: pd.DataFrame, change: str) -> pd.DataFrame:
     judged = out["verdict"] != NOT_COMPARABLE
     out.loc[judged, "verdict"] = NOT_COMPARABLE
     out.loc[judged, "reason"] = f"another kind of machine ({change}): --across-machines judges it anyway"
+    out.attrs["machine_change"] = change  # the headline names it
     return out
 
 

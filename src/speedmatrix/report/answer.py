@@ -72,14 +72,10 @@ def _rows(matrix: pd.DataFrame, plan: Plan) -> pd.DataFrame:
     return m
 
 
-def _streamed(cell: pd.Series) -> bool:
-    d = cell.get("delivery")
-    return d is None or pd.isna(d) or d == "streamed"
-
-
 def speedups(matrix: pd.DataFrame, requests: pd.DataFrame | None, plan: Plan,
-             figure: str = "served_tok_s") -> pd.DataFrame:
-    """Per speculative config and headline cell both it and its twin measured: the figure with speculation over
+             figures: str | tuple[str, ...] = "served_tok_s") -> pd.DataFrame:
+    """Per speculative config, headline cell both it and its twin measured, and figure (one name or several, the
+    requests grouped once for all): the figure with speculation over
     without (``ratio``: each request's output tok/s over its whole time, or TPOT), its 95 % bootstrap interval,
     and the verdict (faster, slower, within noise); a cell either side of which is not usable (Looped, Lossy,
     Over capacity ...) has its ``status_note`` instead and no ratio."""
@@ -88,7 +84,7 @@ def speedups(matrix: pd.DataFrame, requests: pd.DataFrame | None, plan: Plan,
     m = _rows(matrix, plan)
     if m.empty or not plan.twins:
         return pd.DataFrame(columns=cols)
-    fig = FIGURES[figure]
+    figures = (figures,) if isinstance(figures, str) else tuple(figures)
     by_cell = dict(iter(regress.counted(requests).groupby(["server_id", "cell_id"]))) if requests is not None \
         else {}
     out = []
@@ -99,28 +95,27 @@ def speedups(matrix: pd.DataFrame, requests: pd.DataFrame | None, plan: Plan,
             if r.cell_id not in twin_cells.index:
                 continue
             t = twin_cells.loc[r.cell_id]
-            row = {"server_id": spec, "twin": twin, "cell_id": r.cell_id, "context_tokens": int(r.context_tokens),
-                   "concurrency": int(r.concurrency), "sampling": r.sampling, "figure": figure, "ratio": None,
-                   "ci_low": None, "ci_high": None, "verdict": None, "reason": "", "status_note": None,
-                   "unstable": False}
+            ident = {"server_id": spec, "twin": twin, "cell_id": r.cell_id, "context_tokens": int(r.context_tokens),
+                     "concurrency": int(r.concurrency), "sampling": r.sampling, "ratio": None, "ci_low": None,
+                     "ci_high": None, "verdict": None, "reason": "", "status_note": None, "unstable": False}
             bad = [(who, s) for who, s in ((spec, r.status), (twin, t["status"])) if s not in USABLE]
-            if bad:
-                row["status_note"] = (fmt.status(bad[0][1]) if len(bad) == 2 and bad[0][1] == bad[1][1]
-                                      else "; ".join(f"{fmt.status(s)} ({who})" for who, s in bad))
-                out.append(row)
-                continue
             base, new = by_cell.get((twin, r.cell_id)), by_cell.get((spec, r.cell_id))
-            if base is None or new is None:
-                row.update(verdict=regress.NOT_COMPARABLE, reason="no requests recorded")
+            as_made = regress.streamed(pd.Series(r._asdict())) and regress.streamed(t)
+            for figure in figures:
+                row = {**ident, "figure": figure}
+                if bad:
+                    row["status_note"] = (fmt.status(bad[0][1]) if len(bad) == 2 and bad[0][1] == bad[1][1]
+                                          else "; ".join(f"{fmt.status(s)} ({who})" for who, s in bad))
+                elif base is None or new is None:
+                    row.update(verdict=regress.NOT_COMPARABLE, reason="no requests recorded")
+                else:
+                    j = regress.judge_figure(FIGURES[figure], base, new, f"{spec}/{twin}/{r.cell_id}", None,
+                                             NOISE_MULTIPLE, streamed=as_made)
+                    row.update(verdict=j["verdict"], reason=j.get("reason", ""),
+                               unstable=Status.UNSTABLE in (r.status, t["status"]))
+                    if "change" in j:
+                        row.update(ratio=1 + j["change"], ci_low=1 + j["ci_low"], ci_high=1 + j["ci_high"])
                 out.append(row)
-                continue
-            j = regress.judge_figure(fig, base, new, f"{spec}/{twin}/{r.cell_id}", None, NOISE_MULTIPLE,
-                                     streamed=_streamed(pd.Series(r._asdict())) and _streamed(t))
-            row.update(verdict=j["verdict"], reason=j.get("reason", ""),
-                       unstable=Status.UNSTABLE in (r.status, t["status"]))
-            if "change" in j:
-                row.update(ratio=1 + j["change"], ci_low=1 + j["ci_low"], ci_high=1 + j["ci_high"])
-            out.append(row)
     return pd.DataFrame(out, columns=cols)
 
 
@@ -227,9 +222,10 @@ def matrices_intro(matrix: pd.DataFrame, plan: Plan) -> str:
     return text + "; rows with no usable cell are under Cells to look at."
 
 
-def best_cells(decisions: pd.DataFrame | None, kind: str) -> dict[tuple[str, str], list[str]]:
+def best_cells(decisions: pd.DataFrame | None, kind: str,
+               best: pd.DataFrame | None = None) -> dict[tuple[str, str], list[str]]:
     """(server, cell) -> the targets for which it is the best config's cell (of the headline kind)."""
-    best = decide.best_configs(decisions)
+    best = decide.best_configs(decisions) if best is None else best  # (the summary's, computed once)
     best = best[(best["workload"] == kind) & best["best_server"].notna()]
     out: dict[tuple[str, str], list[str]] = {}
     for r in best.itertuples():
@@ -237,7 +233,8 @@ def best_cells(decisions: pd.DataFrame | None, kind: str) -> dict[tuple[str, str
     return out
 
 
-def target_table(matrix: pd.DataFrame, decisions: pd.DataFrame | None, plan: Plan) -> Table | None:
+def target_table(matrix: pd.DataFrame, decisions: pd.DataFrame | None, plan: Plan,
+                 best: pd.DataFrame | None = None) -> Table | None:
     """Rows: server config x context (x sampling setting); columns: concurrency; each cell its output tok/s over
     all requests, median TPOT, the letters of the targets it meets and ★ where it sets a best config."""
     m = _rows(matrix, plan)
@@ -250,7 +247,7 @@ def target_table(matrix: pd.DataFrame, decisions: pd.DataFrame | None, plan: Pla
         held = decisions[decisions["slo_met"].eq(True)]
         for r in held.itertuples():
             met.setdefault((r.server_id, r.cell_id), []).append(r.slo)
-    best = best_cells(decisions, kind)
+    starred = best_cells(decisions, kind, best)
     main = main_sampling(m)
     concs = sorted(m["concurrency"].unique())
     t = Table(["Config · context", *(str(c) for c in concs)])
@@ -269,7 +266,7 @@ def target_table(matrix: pd.DataFrame, decisions: pd.DataFrame | None, plan: Pla
             meets = [letters.get(n, n) for n in met.get((r.server_id, r.cell_id), [])]
             if plan.targets:
                 text += f" · {' '.join(meets)}" if meets else " · none"
-            stars = [letters.get(n, n) for n in best.get((r.server_id, r.cell_id), [])]
+            stars = [letters.get(n, n) for n in starred.get((r.server_id, r.cell_id), [])]
             if stars:
                 text += " ★" + "".join(stars)
             cells.append(f"{text} ({fmt.status(r.status)})" if r.status == Status.UNSTABLE else text)
@@ -280,10 +277,11 @@ def target_table(matrix: pd.DataFrame, decisions: pd.DataFrame | None, plan: Pla
 
 # ---- the verdict ------------------------------------------------------------------------------------------------
 
-def best_sentences(decisions: pd.DataFrame | None, kind: str, plan: Plan) -> list[str]:
+def best_sentences(decisions: pd.DataFrame | None, kind: str, plan: Plan,
+                   best: pd.DataFrame | None = None) -> list[str]:
     """Per target: the best config at each context of the headline kind, at which concurrency, with its margin
     over the runner-up config."""
-    best = decide.best_configs(decisions)
+    best = decide.best_configs(decisions) if best is None else best
     best = best[best["workload"] == kind]
     out = []
     for name, g in best.groupby("slo", sort=False):
@@ -326,14 +324,15 @@ def speculation_sentence(s: pd.DataFrame) -> str | None:
 
 
 def verdict(matrix: pd.DataFrame, decisions: pd.DataFrame | None, s: pd.DataFrame, plan: Plan,
-            look: pd.DataFrame) -> Para:
-    """The answer in a paragraph, generated from the figures below it."""
+            look: pd.DataFrame, best: pd.DataFrame | None = None) -> Para:
+    """The answer in a paragraph, generated from the figures below it (``best``: decide.best_configs of the
+    decisions, where the caller has it)."""
     kind = headline_kind(matrix)
     said = []
     if kind is not None:
-        best = best_sentences(decisions, kind.name, plan)
-        if best:
-            said.append(f"Best config ({kind.title.lower()}) " + "; ".join(best) + ".")
+        sentences = best_sentences(decisions, kind.name, plan, best)
+        if sentences:
+            said.append(f"Best config ({kind.title.lower()}) " + "; ".join(sentences) + ".")
         elif not plan.targets:
             said.append("No best config is named: the experiment sets no latency targets (`slos:`).")
     spec = speculation_sentence(s)

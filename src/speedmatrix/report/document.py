@@ -59,28 +59,29 @@ def summary_blocks(matrix: pd.DataFrame, decisions: pd.DataFrame | None, request
     each speculative config in one line, the cells to look at and the trade-off chart. The detail follows."""
     plan = plan or answer.Plan()
     look = by_look(matrix)
-    tok_s = answer.speedups(matrix, requests, plan, "served_tok_s")
-    said = answer.verdict(matrix, decisions, tok_s, plan, look)
+    # TPOT's ratio too where a target limits it
+    tpot = any(t.tpot_ms is not None for t in plan.targets)
+    ratios = answer.speedups(matrix, requests, plan, ("served_tok_s", "tpot_ms") if tpot else "served_tok_s")
+    tok_s = ratios[ratios["figure"] == "served_tok_s"]
+    best = decide.best_configs(decisions)  # once: the verdict, the stars and the table below read it
+    said = answer.verdict(matrix, decisions, tok_s, plan, look, best)
     out: list[Block] = [Heading(2, "Summary"), said]
-    figures = [tok_s]
-    if any(t.tpot_ms is not None for t in plan.targets):  # a target's limit: its ratio too
-        figures.append(answer.speedups(matrix, requests, plan, "tpot_ms"))
-    speedup = answer.speedup_table(pd.concat(figures, ignore_index=True) if len(figures) > 1 else tok_s)
+    speedup = answer.speedup_table(ratios)
     if speedup is not None:
         out += [Heading(3, "Where speculation pays"),
                 Para("Speculation over its twin (same model and arguments, no speculation): ×ratio of output tok/s"
-                     + (" (above 1 faster) and of TPOT (below 1 faster)" if len(figures) > 1 else "")
+                     + (" (above 1 faster) and of TPOT (below 1 faster)" if tpot else "")
                      + " with its 95 % interval, and the verdict (the method: Each speculative config, below)."),
                 speedup, Bullets(answer.crossover_lines(tok_s))]
-    targets = answer.target_table(matrix, decisions, plan)
+    targets = answer.target_table(matrix, decisions, plan, best)
     if targets is not None:
         out += [Heading(3, "Each config against the targets"),
                 Para(answer.matrices_intro(matrix, plan)), targets]
     out += [Contents(), Para(f"In all: {sections.status_counts(matrix)}")]
-    best = sections.best_config_table(decide.best_configs(decisions))
     out += _section("Best config per target", "The config with the highest goodput where the target holds, at "
                     "each kind and context; in brackets the 95 % interval of its repeats' mean, \"up to\" where "
-                    "that interval reaches zero (Decisions, below, has the targets and every cell).", best, level=3)
+                    "that interval reaches zero (Decisions, below, has the targets and every cell).",
+                    sections.best_config_table(best), level=3)
     out += _section("Each speculative config", "Its sustained-decode cells against the same cells without "
                     "speculation (both Valid or Unstable), its acceptance, and whether its output stays the "
                     "target's (its losslessness check, per sampling setting). Where speculation pays, above: output "

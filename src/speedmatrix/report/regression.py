@@ -59,10 +59,9 @@ def answer(table: pd.DataFrame, causes: list[str] | None = None) -> str:
     said = f"{head}; {', '.join(rest)} (per cell: slower if any figure is). Outcome: {name} (exit {int(code)})."
     if c["lost"] and causes:
         said += " The new run's failed jobs: " + "; ".join(causes[:3]) + (" ..." if len(causes) > 3 else "") + "."
-    change = next((r for r in table.get("reason", pd.Series(dtype=object)).dropna()
-                   if str(r).startswith("another kind of machine")), None)
+    change = table.attrs.get("machine_change")  # regress.withhold's
     if change:
-        said = f"**Another kind of machine**: {change[len('another kind of machine '):]}. " + said
+        said = f"**Another kind of machine**: ({change}): --across-machines judges it anyway. " + said
     return said
 
 
@@ -261,13 +260,8 @@ def trend_chart(history: pd.DataFrame, cell: str) -> alt.Chart:
         width=560, height=280, title=f"{cell}: output tok/s across runs (band: median ± 2 SD of the runs shown)")
 
 
-def history_text(store_path: Path, experiment: str | None, cell: str | None) -> str:
-    if cell:
-        server_id, _, cell_id = cell.partition("/")
-        found = store.cell_history(store_path, server_id, cell_id, experiment)
-        if found.empty:
-            return f"{cell}: in no stored run" + (f" of {experiment}" if experiment else "")
-        return markdown([Heading(1, f"{cell} in every stored run"), cell_table(found)])
+def history_text(store_path: Path, experiment: str | None) -> str:
+    """The stored runs (of one experiment), oldest first, as markdown."""
     found = store.runs(store_path, experiment)
     return markdown([Heading(1, f"Runs in {store_path}"), runs_table(found)]) if len(found) else \
         f"{store_path}: no run stored" + (f" of {experiment}" if experiment else "")
