@@ -208,8 +208,14 @@ def test_a_run_against_itself_changes_nothing(recorded):
     _, cells, reqs = store.manifest(base)
     table = regress.regress(cells, reqs, cells, reqs)
     judged = table[table["verdict"] != regress.NOT_COMPARABLE]
-    assert len(judged) >= 3 * 12 and (judged["verdict"] == regress.SAME).all()
-    assert (judged["change"] == 0).all() and regress.exit_code(table) == 0
+    assert len(judged) >= 3 * 12 and (judged["change"] == 0).all() and regress.exit_code(table) == 0
+    # the medians and means: no change; a tail percentile of a few hundred requests may be too wide to tell, never
+    # a change
+    tails = judged["figure"].str.startswith("p9")
+    assert (judged.loc[~tails, "verdict"] == regress.SAME).all()
+    assert judged.loc[tails, "verdict"].isin(regress.NO_VERDICT).all() and tails.sum() >= 12
+    few = table[table["figure"].isin(["p99_ttft_ms"]) & (table["verdict"] == regress.NOT_COMPARABLE)]
+    assert len(few) and not few["measurement"].any() and few["reason"].str.contains("percentile").all()
 
 
 def test_a_slower_cell_is_found_and_the_exit_code_says_so(recorded, tmp_path, capsys):

@@ -16,6 +16,7 @@ within the minimum effect; a change under the minimum effect, or an interval rea
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ import pandas as pd
 from .. import workloads
 from ..core.errors import StoreError
 from ..core.status import USABLE, Status
-from ..measure import stats
+from ..measure import precision, stats
 from .gate import SEVERITY, Outcome, first
 
 COMPARABLE_STATUSES = USABLE
@@ -42,33 +43,54 @@ NO_VERDICT = (SAME, INCONCLUSIVE)
 
 @dataclass(frozen=True)
 class Figure:
-    """A figure the verdict judges: its name, unit, which way is better, and how it comes from requests."""
+    """A figure the verdict judges: its name, label, which way is better, how it comes from a request (``per``:
+    ``ttft_ms``, ``tpot_ms``, ``request_tok_s`` or ``served_tok_s``) and over the requests (``q``: that percentile;
+    none: the median of a latency, the mean of a rate)."""
 
     name: str
     label: str
     higher_is_better: bool
+    per: str = ""
+    q: float | None = None
 
     def values(self, reqs: pd.DataFrame) -> np.ndarray:
-        if self.name == "ttft_ms":
+        per = self.per or self.name
+        if per == "ttft_ms":
             return reqs["ttft_ms"].to_numpy(dtype=float)
-        if self.name == "served_tok_s":
+        if per == "served_tok_s":
             return stats.served_tok_s(reqs["start_s"], reqs["end_s"], reqs["output_tokens"])
-        per_request = stats.tpot_ms if self.name == "tpot_ms" else stats.request_tok_s  # the cells' definitions
+        per_request = stats.tpot_ms if per == "tpot_ms" else stats.request_tok_s  # the cells' definitions
         return per_request(reqs["start_s"], reqs["end_s"], reqs["ttft_ms"], reqs["output_tokens"])
 
     def statistic(self, values: np.ndarray, axis: int = -1) -> np.ndarray:
+        # the values are finite (judge_figure keeps those): numpy's partition-based statistics, fast on the
+        # bootstrap's (resamples x requests) array
+        if self.q is not None:  # a tail latency, interpolated as every pNN figure of a cell (stats.percentile)
+            return np.percentile(values, self.q, axis=axis)
         # latencies: the median (the matrix's); a request's rate: the mean (tok/s at a load is the sum of rates)
-        return np.nanmedian(values, axis=axis) if not self.higher_is_better else np.nanmean(values, axis=axis)
+        return np.median(values, axis=axis) if not self.higher_is_better else np.mean(values, axis=axis)
+
+    def min_requests(self) -> int:
+        """The requests a side needs for a verdict on the figure: MIN_REQUESTS, and for a percentile as many as its
+        distribution-free 95 % interval needs (a p99 of fifty requests is their largest)."""
+        return MIN_REQUESTS if self.q is None else max(MIN_REQUESTS, _percentile_samples(self.q))
+
+
+@functools.lru_cache(maxsize=None)
+def _percentile_samples(q: float) -> int:
+    return precision.samples_for_percentile(q / 100, 0.95)
 
 
 # a request's tokens over its whole time: at the cell's fixed load its mean moves as the cell's total output tok/s
 SERVED_TOK_S = Figure("served_tok_s", "output tok/s per request, first token included (total at the load)", True)
 FIGURES = [Figure("request_tok_s", "output tok/s per request", True), SERVED_TOK_S,
-           Figure("ttft_ms", "median TTFT", False), Figure("tpot_ms", "median TPOT", False)]
+           Figure("ttft_ms", "median TTFT", False), Figure("tpot_ms", "median TPOT", False),
+           Figure("p95_ttft_ms", "p95 TTFT", False, "ttft_ms", 95), Figure("p99_ttft_ms", "p99 TTFT", False, "ttft_ms", 99),
+           Figure("p95_tpot_ms", "p95 TPOT", False, "tpot_ms", 95), Figure("p99_tpot_ms", "p99 TPOT", False, "tpot_ms", 99)]
 
 # what --min-effect may call a figure, beside its own name
 ALIASES = {"output_tok_s": "request_tok_s", "tok_s": "request_tok_s", "total_tok_s": "served_tok_s",
-           "ttft": "ttft_ms", "tpot": "tpot_ms"}
+           "ttft": "ttft_ms", "tpot": "tpot_ms", **{f"p{q}_{x}": f"p{q}_{x}_ms" for q in (95, 99) for x in ("ttft", "tpot")}}
 
 
 def parse_min_effect(text: str | None) -> float | dict[str, float] | None:
@@ -152,9 +174,13 @@ def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, m
                 "reason": "tokens came in bursts: a request's token times are not the server's"}
     vb, vn = fig.values(base), fig.values(new)
     ob, on = np.isfinite(vb), np.isfinite(vn)
-    if ob.sum() < MIN_REQUESTS or on.sum() < MIN_REQUESTS:
-        return {**out, "verdict": NOT_COMPARABLE, "measurement": True,
-                "reason": f"fewer than {MIN_REQUESTS} requests with this figure"}
+    need = fig.min_requests()
+    if ob.sum() < need or on.sum() < need:
+        # too few requests for a median or mean is a measurement problem; for a tail percentile, the cell's size
+        few = fig.q is None
+        return {**out, "verdict": NOT_COMPARABLE, "measurement": few,
+                "reason": f"fewer than {need} requests with this figure" + ("" if few else
+                          f" (its {fig.q:g}th percentile's 95 % interval needs {need})")}
     vb, sb = vb[ob], base["repeat"].fillna(1).to_numpy()[ob]
     vn, sn = vn[on], new["repeat"].fillna(1).to_numpy()[on]
     point_b, point_n = float(fig.statistic(vb)), float(fig.statistic(vn))
@@ -171,7 +197,7 @@ def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, m
     run_noise, runs_seen = 0.0, 0
     for own, others in (([point_b], siblings[0]), ([], siblings[1])):
         points = own + [float(fig.statistic(v[np.isfinite(v)])) for v in (fig.values(o) for o in others)
-                        if np.isfinite(v).sum() >= MIN_REQUESTS]
+                        if np.isfinite(v).sum() >= need]
         runs_seen += len(points) - len(own)
         run_noise = max(run_noise, stats.interval(points)["cv"] or 0.0)
     noise = max(noise, run_noise)
@@ -203,6 +229,17 @@ def differing(b: pd.Series, n: pd.Series) -> list[str]:
     return out
 
 
+def unmeasured(b: pd.Series, n: pd.Series) -> str | None:
+    """Why a pair of cells has no figure to judge: a status with none on either side, or a search (whose loads
+    follow from what it found in each run); None where both have their figures."""
+    for side, row in (("base", b), ("new", n)):
+        if row["status"] not in COMPARABLE_STATUSES:
+            return f"{row['status'].replace('_', ' ')} in {side}"
+    if workloads.get(b["workload"]).loads_follow_run:
+        return "a search or sweep: the loads it measured follow from what it found in each run"
+    return None
+
+
 def _why_not(b: pd.Series, n: pd.Series) -> str | None:
     if b["config_sha256"] != n["config_sha256"]:
         return "the server config differs (flags, environment or models)"
@@ -210,12 +247,41 @@ def _why_not(b: pd.Series, n: pd.Series) -> str | None:
         changed = differing(b, n)
         if changed:
             return "measured differently (" + "; ".join(changed) + ")"
-    for side, row in (("base", b), ("new", n)):
-        if row["status"] not in COMPARABLE_STATUSES:
-            return f"{row['status'].replace('_', ' ')} in {side}"
-    if workloads.get(b["workload"]).loads_follow_run:
-        return "a search or sweep: the loads it measured follow from what it found in each run"
-    return None
+    return unmeasured(b, n)
+
+
+def not_judged(ident: dict[str, Any], b: pd.Series, n: pd.Series, why: str, paired: bool) -> dict[str, Any]:
+    """The row of a pair of cells with no verdict. ``paired``: the two measured the same thing (the same server
+    config, or a pairing the user made): a cell the base had a figure for and the new run has none is lost (to
+    the server), one Client-bound on either side a measurement problem (the client's, not the server's)."""
+    client = paired and (b["status"] in MEASUREMENT_STATUSES or n["status"] in MEASUREMENT_STATUSES)
+    lost = paired and not client and b["status"] in COMPARABLE_STATUSES and n["status"] not in COMPARABLE_STATUSES
+    return {**ident, "figure": None, "verdict": NOT_COMPARABLE, "lost": lost, "measurement": client,
+            "reason": why + (" (lost)" if lost else " (the client's, not the server's)" if client else "")}
+
+
+def judge_cell(ident: dict[str, Any], b: pd.Series, n: pd.Series, rb: pd.DataFrame, rn: pd.DataFrame,
+               min_effect: float | dict[str, float] | None, noise_multiple: float,
+               others: tuple[list[pd.DataFrame], list[pd.DataFrame]] = ([], [])) -> list[dict[str, Any]]:
+    """Every figure of one pair of cells (their matrix rows ``b``, ``n`` and counted requests ``rb``, ``rn``), a row
+    each: the one definition of each figure's change that regress, compare and the report's speed-ups share."""
+    as_made = streamed(b) and streamed(n)
+    key = f"{ident['server_id']}/{ident['cell_id']}"
+    rows = []
+    for fig in FIGURES:
+        effect = min_effect.get(fig.name) if isinstance(min_effect, dict) else min_effect
+        rows.append({**ident, **judge_figure(fig, rb, rn, key, effect, noise_multiple, others, as_made)})
+    return rows
+
+
+def ordered(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Verdict rows as a table, changed cells first (``lost`` and ``measurement`` flags filled)."""
+    out = pd.DataFrame(rows)
+    for flag in ("lost", "measurement"):
+        out[flag] = [v is True for v in out[flag]] if flag in out else False
+    order = {SLOWER: 0, FASTER: 1, INCONCLUSIVE: 2, SAME: 3, NOT_COMPARABLE: 4}
+    out["_o"] = out["verdict"].map(order)
+    return out.sort_values(["_o", "server_id", "cell_id"], kind="stable").drop(columns="_o").reset_index(drop=True)
 
 
 def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.DataFrame, new_reqs: pd.DataFrame,
@@ -245,31 +311,16 @@ def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.Dat
         n = pd.Series({k[:-2]: v for k, v in r.items() if k.endswith("_n")})
         why = _why_not(b, n)
         if why:
-            # measured in base, not in new (the same server config and basis): the new run lost the cell, to the
-            # server, or to the client where it was Client-bound (either side: a measurement problem)
-            same = b["config_sha256"] == n["config_sha256"]
-            client = same and (b["status"] in MEASUREMENT_STATUSES or n["status"] in MEASUREMENT_STATUSES)
-            lost = (same and not client and b["status"] in COMPARABLE_STATUSES
-                    and n["status"] not in COMPARABLE_STATUSES)
-            rows.append({**ident, "figure": None, "verdict": NOT_COMPARABLE, "lost": lost, "measurement": client,
-                         "reason": why + (" (lost)" if lost else " (the client's, not the server's)" if client
-                                          else "")})
+            # measured in base, not in new (the same server config and basis): lost to the server, or a
+            # measurement problem where it was Client-bound
+            rows.append(not_judged(ident, b, n, why, paired=b["config_sha256"] == n["config_sha256"]))
             continue
         key = (r["server_id"], r["cell_id"])
         rb, rn = counted(by_b.get(key, base_reqs.iloc[:0])), counted(by_n.get(key, new_reqs.iloc[:0]))
-        as_made = streamed(b) and streamed(n)
         others = tuple([o for o in (_same_cell(sc, sr, b, key) for sc, sr in side) if o is not None]
                        for side in siblings)
-        for fig in FIGURES:
-            effect = min_effect.get(fig.name) if isinstance(min_effect, dict) else min_effect
-            rows.append({**ident, **judge_figure(fig, rb, rn, "/".join(key), effect, noise_multiple, others,
-                                                 as_made)})
-    out = pd.DataFrame(rows)
-    for flag in ("lost", "measurement"):
-        out[flag] = [v is True for v in out[flag]] if flag in out else False
-    order = {SLOWER: 0, FASTER: 1, INCONCLUSIVE: 2, SAME: 3, NOT_COMPARABLE: 4}
-    out["_o"] = out["verdict"].map(order)
-    return out.sort_values(["_o", "server_id", "cell_id"], kind="stable").drop(columns="_o").reset_index(drop=True)
+        rows += judge_cell(ident, b, n, rb, rn, min_effect, noise_multiple, others)
+    return ordered(rows)
 
 
 def _same_cell(cells: pd.DataFrame, reqs: pd.DataFrame, like: pd.Series, key: tuple) -> pd.DataFrame | None:

@@ -179,7 +179,8 @@ def compare(matrix: pd.DataFrame, published: dict[str, Any], server_id: str | No
                      "run_kv_multiple_first_over": float(kv_at.iloc[0]) if len(kv_at) else None,
                      "run_kv_multiple_largest_fit": float(fit.max()) if fit.notna().any() else None})
     rows = pd.DataFrame(rows)
-    rows["same_boundary"] = rows["published_first_over"].fillna(0) == rows["run_first_over"].fillna(0)
+    rows["same_boundary"] = (pd.to_numeric(rows["published_first_over"]).fillna(0)
+                             == pd.to_numeric(rows["run_first_over"]).fillna(0))
     prefill = _prefill(matrix, published)
     measured = cells["status_as_measured"].notna()
     summary = {"cells": int(len(cells)), "measured": int(measured.sum()), "named": int(len(named)),
