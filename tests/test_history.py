@@ -176,6 +176,15 @@ def test_each_outcome_has_its_exit_status_words_json_and_junit(recorded, tmp_pat
     head = regression.answer(table)
     assert "**No cell slower**" in head and "**1 not judged for a measurement problem**" in head
     assert "0 lost" in head and "Outcome: measurement (exit 5)" in head
+    # a cell whose new run kept three of the base's requests: a measurement problem, said with both counts; the
+    # same three in both runs (a cell that sends three): the cell's design, no verdict and no problem
+    key = (br["server_id"] == SLOWED[0]) & (br["cell_id"] == SLOWED[1])
+    short = pd.concat([br[~key], regress.counted(br[key]).head(3)])
+    cut = regress.regress(bc, br, bc, short)
+    assert regress.measurement_cells(cut) == ["/".join(SLOWED)] and regress.outcome(cut) == Outcome.MEASUREMENT
+    assert cut["reason"].str.contains("the new run has 3 requests with this figure").any()
+    both = regress.regress(bc, short, bc, short)
+    assert regress.measurement_cells(both) == [] and regress.outcome(both) == Outcome.PASS
     # nothing in common: another experiment's cells
     apart = regress.regress(bc[bc["server_id"] == "base"], br, bc[bc["server_id"] == "mtp4"], br)
     assert regress.outcome(apart) == Outcome.NOTHING_COMPARABLE
@@ -250,7 +259,7 @@ def test_a_slower_cell_is_found_and_the_exit_code_says_so(recorded, tmp_path, ca
     assert main(["regress", str(base), str(slow), "--min-effect", "60", "--store", str(tmp_path / "x.sqlite")]) == 0
 
 
-def test_a_run_against_a_published_matrix(tmp_path):
+def test_a_run_against_a_published_matrix(tmp_path, capsys):
     """`speedmatrix reproduce` on the recorded seed 002 twin: every published decode cell beside the twin's, status
     agreement counted from those rows, each context row's boundary; a published file that is the run's own statuses
     agrees everywhere; a bad file names itself and the key."""
@@ -293,10 +302,12 @@ def test_a_run_against_a_published_matrix(tmp_path):
     capacity.to_parquet(tmp_path / "matrix.parquet")  # no decode cell: nothing the matrix can be compared with
     assert main(["reproduce", str(tmp_path / "matrix.parquet"), seed, "--any-experiment"]) == 4
     assert main(["reproduce", str(tmp_path / "no-run"), seed]) == 2  # not a run: bad input
-    # compare: the same statuses for bad input and for runs with no cell in common
-    assert main(["compare", str(run), str(run)]) == 0
+    # compare: the same statuses for bad input and for runs with no cell in common; a run kept with its matrix
+    # only has no requests to judge: nothing comparable, its matrix's figures shown
     assert main(["compare", str(run), str(tmp_path / "matrix.parquet")]) == 4
     assert main(["compare", str(run), str(tmp_path / "no-run")]) == 2
+    assert main(["compare", str(run), str(run)]) == 4
+    assert "neither run kept the cell's requests" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
     bad.write_text("source: x\ndecode:\n  concurrency: [1, 2]\n  status:\n    128: [valid, maybe]\n")
     with pytest.raises(ConfigError, match=r"bad.yaml: key 'decode.status.128': 'maybe'"):

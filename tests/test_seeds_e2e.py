@@ -124,8 +124,13 @@ def test_seed003_tiny_matched_comparison_gates_and_compare(seed003, tmp_path):
 
     proc = subprocess.run([sys.executable, "-m", "speedmatrix.cli", "compare", str(res), str(res), "--match", "cell",
                            "--server-a", "capacity-tiny-gemma4-v1", "--server-b", "capacity-tiny-gemma4-wide-v1",
-                           "--out", str(tmp_path / "cmp")], capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| capacity-tiny-gemma4-v1 → ")]
-    assert len(rows) == len(matrix) // 2 == 4 and all("%" in r for r in rows)  # one row a cell both configs ran
+                           "--out", str(tmp_path / "cmp"), "--json", str(tmp_path / "cmp.json")],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    verdict = json.loads((tmp_path / "cmp.json").read_text())  # regress's verdict and status, B against A
+    assert proc.returncode == verdict["exit_status"] in (0, 1), proc.stderr
+    judged = [r for r in verdict["rows"] if r["figure"] == "served_tok_s"]
+    assert len(judged) == len(matrix) // 2 == 4 and all(r["change"] is not None for r in judged)
+    pair = "| capacity-tiny-gemma4-v1 → capacity-tiny-gemma4-wide-v1 |"
+    shown = [line for line in proc.stdout.split("## The matrix's figures")[1].splitlines() if line.startswith(pair)]
+    assert len(shown) == 4 and all("%" in r for r in shown)  # the matrix's figures: one row a cell both ran
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 0

@@ -123,18 +123,40 @@ def cmd_argv(ns: argparse.Namespace) -> int:
 
 
 def cmd_compare(ns: argparse.Namespace) -> int:
+    from .history import regress
     from .history.gate import Outcome
-    from .report import compare
+    from .report import compare, regression
 
     try:
-        print(compare.compare(ns.run_a, ns.run_b, ns.out, ns.match, ns.server_a, ns.server_b))
+        doc, table = compare.compare(ns.run_a, ns.run_b, ns.out, ns.match, ns.server_a, ns.server_b, ns.store,
+                                     regress.parse_min_effect(ns.min_effect), ns.noise_multiple)
     except NoCellInCommon as exc:  # the status regress gives: nothing comparable
         print(f"speedmatrix compare: {exc} (exit 4)", file=sys.stderr)
         return Outcome.NOTHING_COMPARABLE
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, SpeedmatrixError) as exc:
         print(f"speedmatrix compare: {exc}", file=sys.stderr)
         return Outcome.BAD_INPUT
-    return Outcome.PASS
+    return _verdict_out(ns, "compare", table, {"run_id": ns.run_a}, {"run_id": ns.run_b}, doc)
+
+
+def _verdict_out(ns: argparse.Namespace, command: str, table, base: dict, new: dict, doc: list,
+                 causes: list[str] | None = None) -> int:
+    """A verdict's outputs, as regress and compare give them: --json, --junit, the markdown (unless the JSON went
+    to standard output), and the exit status with why on standard error."""
+    from .core.table import markdown
+    from .history import regress
+    from .report import regression
+
+    if ns.json:
+        _write_or_print(ns.json, json.dumps(regression.verdict_json(table, base, new, causes), indent=1) + "\n")
+    if ns.junit:
+        _write_or_print(str(ns.junit), regression.verdict_junit(table, base, new, command))
+    if ns.json != "-":
+        print(markdown(doc))
+    code = regress.exit_code(table)
+    if code:
+        print(f"speedmatrix {command}: {regress.failing(table)} (exit {code})", file=sys.stderr)
+    return code
 
 
 def cmd_history(ns: argparse.Namespace) -> int:
@@ -187,7 +209,6 @@ def _print_rows(rows, form: str) -> None:
 
 
 def cmd_regress(ns: argparse.Namespace) -> int:
-    from .core.table import markdown
     from .history import regress, store
     from .report import regression
 
@@ -205,16 +226,8 @@ def cmd_regress(ns: argparse.Namespace) -> int:
     if ns.out:
         print(f"wrote {regression.write(ns.out, table, base, new, (base_cells, new_cells), causes)} (and "
               "regress.html, regress.csv)", file=sys.stderr)
-    if ns.json:
-        _write_or_print(ns.json, json.dumps(regression.verdict_json(table, base, new, causes), indent=1) + "\n")
-    if ns.junit:
-        _write_or_print(str(ns.junit), regression.verdict_junit(table, base, new))
-    if ns.json != "-":
-        print(markdown(regression.blocks(table, base, new, cells=(base_cells, new_cells), causes=causes)))
-    code = regress.exit_code(table)
-    if code:
-        print(f"speedmatrix regress: {regress.failing(table)} (exit {code})", file=sys.stderr)
-    return code
+    return _verdict_out(ns, "regress", table, base, new,
+                        regression.blocks(table, base, new, cells=(base_cells, new_cells), causes=causes), causes)
 
 
 def _run_causes(folder: str | None) -> list[str]:
@@ -520,20 +533,22 @@ def _add_experiment_commands(sub) -> None:
 
 
 def _add_comparisons(sub) -> None:
-    c = sub.add_parser("compare", help="compare two runs cell by cell (table with changes, and a chart)",
-                       description="Compare two runs cell by cell: each figure (output tok/s, median and p95 TTFT) "
-                       "for A and B with B's change against A, like seed 003's matched comparison. A run is a "
-                       "results directory (results/<experiment>) or its matrix.parquet. Exit status "
-                       "(speedmatrix.history.gate): 0, 2 bad input (not a run), 4 no cell in both runs.")
-    c.add_argument("run_a")
-    c.add_argument("run_b")
+    c = sub.add_parser(
+        "compare", help="compare two runs cell by cell: regress's verdict per figure, the matrix's figures beside",
+        description=_doc("report.compare") + " Exit status: regress's (speedmatrix.history.gate): "
+        + _exit_statuses() + ".", formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("run_a", metavar="RUN_A", help="a results folder (results/<experiment>), its matrix.parquet, or a "
+                   "stored run's id (a unique start of one, a tag, or latest)")
+    c.add_argument("run_b", metavar="RUN_B", help="the same, for the run compared with A")
     c.add_argument("--match", choices=["server", "cell"], default="server",
                    help="match cells on server config and cell id (default), or on the cell id alone "
                         "(two runs of different server configs)")
     c.add_argument("--server-a", help="only this server config of run A")
     c.add_argument("--server-b", help="only this server config of run B")
-    c.add_argument("--out", help="also write compare.md, compare.png and compare-report.html (one self-contained "
-                   "page: the table, the chart, both runs' provenance) in this directory")
+    c.add_argument("--out", help="also write compare.md, compare.csv (every figure's row), compare.png and "
+                   "compare-report.html (one self-contained page: the tables, the chart, both runs' provenance) in "
+                   "this directory")
+    _verdict_options(c)
     c.set_defaults(func=cmd_compare)
 
     pa = sub.add_parser(
@@ -555,6 +570,23 @@ def _add_comparisons(sub) -> None:
     it.add_argument("--again", type=Path, help="a second lone run: the run-to-run spread to compare against")
     it.add_argument("--out", type=Path, help="write interference.md and interference.json here")
     it.set_defaults(func=cmd_interference)
+
+
+def _verdict_options(p: argparse.ArgumentParser, store: bool = True) -> None:
+    """The options regress and compare share: the minimum effect, the machine-readable verdict, the store."""
+    if store:
+        default_store = runfolder.history("results")
+        p.add_argument("--store", type=Path, default=default_store, help=f"where run ids are looked up (default: "
+                       f"{default_store}; a .sqlite.gz is read as it is)")
+    p.add_argument("--min-effect", metavar="PCT", help="the smallest change that counts, in percent: one for every "
+                   "figure (10 or 10%%) or one per figure (output_tok_s=5%%,ttft=10%%,p99_ttft=20%%; a figure not "
+                   "named keeps the default); default: from each cell's own noise")
+    p.add_argument("--noise-multiple", type=float, default=2.0,
+                   help="without --min-effect: this many times the cell's noise (default 2)")
+    p.add_argument("--json", metavar="FILE", help="also write the verdict as JSON (outcome, exit status, counts, "
+                   "the cells of each outcome, every figure's row); '-' prints it instead of the markdown")
+    p.add_argument("--junit", type=Path, metavar="FILE", help="also write the verdict as JUnit XML (a test case "
+                   "per cell: slower or lost a failure, a measurement problem an error, not comparable skipped)")
 
 
 def _add_history(sub) -> None:
@@ -593,11 +625,6 @@ def _add_history(sub) -> None:
     rg.add_argument("new", metavar="NEW", help="the same, for the run judged against BASE")
     rg.add_argument("--store", type=Path, default=default_store, help=f"where run ids are looked up (default: "
                     f"{default_store}; a .sqlite.gz is read as it is)")
-    rg.add_argument("--min-effect", metavar="PCT", help="the smallest change that counts, in percent: one for every "
-                    "figure (10 or 10%%) or one per figure (output_tok_s=5%%,ttft=10%%,tpot=8%%; a figure not named "
-                    "keeps the default); default: from each cell's own noise")
-    rg.add_argument("--noise-multiple", type=float, default=2.0,
-                    help="without --min-effect: this many times the cell's noise (default 2)")
     rg.add_argument("--alone", action="store_true",
                     help="judge from the two runs alone: no run-to-run noise from the store's other runs of each "
                     "side's runtime")
@@ -605,10 +632,7 @@ def _add_history(sub) -> None:
                     help="judge runs on different kinds of machine (another GPU model, CPU model or core count); "
                     "without it their verdicts are withheld: not comparable, the change named")
     rg.add_argument("--out", type=Path, help="also write regress.md, regress.html and regress.csv here")
-    rg.add_argument("--json", metavar="FILE", help="also write the verdict as JSON (outcome, exit status, counts, "
-                    "the cells of each outcome, every figure's row); '-' prints it instead of the markdown")
-    rg.add_argument("--junit", type=Path, metavar="FILE", help="also write the verdict as JUnit XML (a test case "
-                    "per cell: slower or lost a failure, a measurement problem an error, not comparable skipped)")
+    _verdict_options(rg, store=False)
     rg.set_defaults(func=cmd_regress)
 
     rp = sub.add_parser(

@@ -124,6 +124,18 @@ def parse_min_effect(text: str | None) -> float | dict[str, float] | None:
 
 
 MIN_REQUESTS = 5  # fewer samples on a side than this: no verdict on the figure
+NO_SUCH_FIGURE = "no request of either run has this figure"
+NO_REQUESTS = "neither run kept the cell's requests (a run kept with its matrix only): nothing to judge"
+
+
+def unshown(table: pd.DataFrame) -> pd.Series:
+    """The rows a page leaves to the CSV and JSON: figures the cell does not have, and tail percentiles of cells
+    with fewer requests than their interval needs (not comparable, not a problem)."""
+    if "figure" not in table:
+        return pd.Series(False, index=table.index)
+    tail = table["figure"].isin([f.name for f in FIGURES if f.q is not None])
+    return (table["verdict"] == NOT_COMPARABLE) & ~table["measurement"].astype(bool) & table["figure"].notna() & (
+        tail | (table["reason"] == NO_SUCH_FIGURE))
 RESAMPLES = 2000
 
 
@@ -175,12 +187,20 @@ def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, m
     vb, vn = fig.values(base), fig.values(new)
     ob, on = np.isfinite(vb), np.isfinite(vn)
     need = fig.min_requests()
+    if base.empty and new.empty:  # a run kept without its requests (its matrix only)
+        return {**out, "verdict": NOT_COMPARABLE, "reason": NO_REQUESTS}
+    if not ob.any() and not on.any():  # the figure is not the cell's (one output token: no TPOT)
+        return {**out, "verdict": NOT_COMPARABLE, "reason": NO_SUCH_FIGURE}
     if ob.sum() < need or on.sum() < need:
-        # too few requests for a median or mean is a measurement problem; for a tail percentile, the cell's size
-        few = fig.q is None
-        return {**out, "verdict": NOT_COMPARABLE, "measurement": few,
-                "reason": f"fewer than {need} requests with this figure" + ("" if few else
-                          f" (its {fig.q:g}th percentile's 95 % interval needs {need})")}
+        # the new run measured fewer than the base and too few: a measurement problem (a window cut short, requests
+        # lost); both too few (a cell that sends three requests, a tail percentile of a small cell): the cell's
+        # design, no verdict and no problem
+        dropped = fig.q is None and on.sum() < need <= ob.sum()
+        tail = "" if fig.q is None else f" (its {fig.q:g}th percentile's 95 % interval)"
+        return {**out, "verdict": NOT_COMPARABLE, "measurement": bool(dropped),
+                "reason": (f"the new run has {int(on.sum())} requests with this figure, the base {int(ob.sum())}: "
+                           f"under the {need} a verdict needs" if dropped else
+                           f"{int(min(ob.sum(), on.sum()))} requests with this figure: a verdict needs {need}{tail}")}
     vb, sb = vb[ob], base["repeat"].fillna(1).to_numpy()[ob]
     vn, sn = vn[on], new["repeat"].fillna(1).to_numpy()[on]
     point_b, point_n = float(fig.statistic(vb)), float(fig.statistic(vn))
@@ -229,10 +249,10 @@ def differing(b: pd.Series, n: pd.Series) -> list[str]:
     return out
 
 
-def unmeasured(b: pd.Series, n: pd.Series) -> str | None:
+def unmeasured(b: pd.Series, n: pd.Series, sides: tuple[str, str] = ("base", "new")) -> str | None:
     """Why a pair of cells has no figure to judge: a status with none on either side, or a search (whose loads
     follow from what it found in each run); None where both have their figures."""
-    for side, row in (("base", b), ("new", n)):
+    for side, row in zip(sides, (b, n)):
         if row["status"] not in COMPARABLE_STATUSES:
             return f"{row['status'].replace('_', ' ')} in {side}"
     if workloads.get(b["workload"]).loads_follow_run:
@@ -386,8 +406,8 @@ def failing(table: pd.DataFrame) -> str | None:
     said = {Outcome.LOST: "the new run lost {n} cell(s) the base measured: {cells}",
             Outcome.NOTHING_COMPARABLE: "nothing to judge: {cells}",
             Outcome.SLOWER: "{n} cell(s) significantly slower beyond their minimum effect: {cells}",
-            Outcome.MEASUREMENT: "{n} cell(s) not judged for a measurement problem (the client's, not the "
-                                 "server's): {cells}"}
+            Outcome.MEASUREMENT: "{n} cell(s) not judged for a measurement problem (Client-bound, or too few "
+                                 "requests: not the server's): {cells}"}
     got = found(table)
     parts = [said[o].format(n=len(got[o]), cells=", ".join(got[o])) for o in SEVERITY if o in got]
     return "; ".join(parts) or None

@@ -218,8 +218,7 @@ def manifest(run: str | Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFram
     cell_rows = (matrix.merge(ids, on=["server_id", "cell_id"], how="left") if len(matrix)
                  else pd.DataFrame(columns=["server_id", "cell_id", "status"]))  # a run that judged no cell
     cell_rows.insert(0, "run_id", run_id)
-    reqs = pd.read_parquet(folder.requests) if folder.requests.exists() else _requests_of(run)
-    reqs = reqs.reindex(columns=REQUEST_COLUMNS)
+    reqs = requests_of(run).reindex(columns=REQUEST_COLUMNS)
     reqs.insert(0, "run_id", run_id)
     return row, cell_rows, reqs
 
@@ -230,8 +229,12 @@ def _probe_of(provs: list[dict[str, Any]]) -> float | None:
     return round(statistics.median(by_start.values()), 3) if by_start else None
 
 
-def _requests_of(run: Path) -> pd.DataFrame:
-    tables = [pd.read_parquet(p) for p in RunFolder(run).cell_request_files()]
+def requests_of(run: str | Path) -> pd.DataFrame:
+    """A results folder's requests: its requests.parquet, else its cells' request files (a run cut short)."""
+    folder = RunFolder(run)
+    if folder.requests.exists():
+        return pd.read_parquet(folder.requests)
+    tables = [pd.read_parquet(p) for p in folder.cell_request_files()]
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=REQUEST_COLUMNS)
 
 

@@ -1,16 +1,18 @@
 """Compare two runs cell by cell: ``speedmatrix compare RUN_A RUN_B`` (seed 003's matched comparison).
 
-A run is a results directory (``results/<experiment>``) or its
-``matrix.parquet``. Cells are matched on server config and cell id, or on
-the cell id alone with ``--match cell`` (one server config each side, or the
-ones named by ``--server-a`` / ``--server-b``): the same workload, context,
-concurrency, sharing and corpus on both sides. Each figure is shown for A and
-B with B's change against A.
+A run is a results directory (``results/<experiment>``), its ``matrix.parquet``, or a stored run's id. Cells are
+matched on server config and cell id, or on the cell id alone with ``--match cell`` (one server config each side,
+or the ones named by ``--server-a`` / ``--server-b``): the same workload, context, concurrency, sharing and corpus
+on both sides. Each figure is judged as ``speedmatrix regress`` judges it (``history.regress.judge_cell``: the same
+figures from the cells' requests, the same change, interval and verdict, B against A; the two runs alone, no
+run-to-run noise from a store), and the exit status is regress's. Beside them, the matrix's own figures of each
+cell (output tok/s over the window, goodput), under their own names, shown and not judged.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import altair as alt
 import pandas as pd
@@ -20,15 +22,19 @@ from ..core import atomic, fmt
 from ..core.errors import NoCellInCommon
 from ..core.runfolder import RunFolder
 from ..core.status import USABLE, Status
-from ..core.table import Figure, Heading, Para, Table, markdown
+from ..core.table import Block, Figure, Heading, Para, Table, markdown
+from ..history import regress as rg
+from ..history import store
 from ..jobs import aggregate
 from ..judge import decide
-from . import charts, document, sections
+from . import charts, document, regression, sections
 
-FIGURES = [("total_tok_s", "output tok/s", fmt.num), ("ttft_ms", "median TTFT", fmt.ms),
-           ("p95_ttft_ms", "p95 TTFT", fmt.ms),
+# the matrix's figures of a cell, shown beside the verdicts under names regress does not use (never judged)
+FIGURES = [("total_tok_s", "output tok/s over the window", fmt.num),
            # the goodput under each run's first latency target (a run without targets: —)
            ("goodput_tok_s", "goodput tok/s", fmt.num)]
+KEEP = ["server_id", "cell_id", "workload", "context_tokens", "concurrency", "status", "experiment", "delivery",
+        *(f for f, _, _ in FIGURES)]
 
 
 def load_matrix(run: str | Path) -> pd.DataFrame:
@@ -37,20 +43,30 @@ def load_matrix(run: str | Path) -> pd.DataFrame:
         path = RunFolder(path).matrix
     if not path.exists():
         raise FileNotFoundError(f"{run}: no matrix.parquet (give a results directory of a finished run, "
-                                "e.g. results/<experiment>, or the matrix.parquet itself)")
+                                "e.g. results/<experiment>, the matrix.parquet itself, or a stored run's id)")
     return aggregate.read_matrix(path)
+
+
+def load_side(ref: str | Path, history: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A run's matrix and requests: a results folder (or its matrix.parquet) as it is, else a run id (a unique start
+    of one, a tag, or ``latest``) in the store ``history``."""
+    path = Path(ref)
+    if path.exists() or not history or not Path(history).exists():
+        matrix = load_matrix(path)
+        return matrix, store.requests_of(path.parent if path.suffix == ".parquet" else path)
+    run_id = store.resolve(history, str(ref))
+    return store.cells(history, run_id), store.requests(history, run_id)
 
 
 def matched(a: pd.DataFrame, b: pd.DataFrame, match: str = "server", server_a: str | None = None,
             server_b: str | None = None) -> pd.DataFrame:
-    """One row per cell present on both sides, A's and B's figures side by side."""
-    a, b = (m.assign(**{f: None for f, _, _ in FIGURES if f not in m}) for m in (a, b))  # an older run
+    """One row per cell present on both sides, A's and B's matrix rows side by side (each side's server config in
+    ``server_id_a`` / ``server_id_b``; ``server_id`` names the pair)."""
+    a, b = (m.assign(**{f: None for f in KEEP if f not in m}) for m in (a, b))  # an older run
     if server_a:
         a = a[a["server_id"] == server_a]
     if server_b:
         b = b[b["server_id"] == server_b]
-    keep = ["server_id", "cell_id", "workload", "context_tokens", "concurrency", "status", "experiment",
-            *(f for f, _, _ in FIGURES)]
     if match == "cell":
         for side, m in (("A", a), ("B", b)):
             if m["server_id"].nunique() > 1:
@@ -59,15 +75,37 @@ def matched(a: pd.DataFrame, b: pd.DataFrame, match: str = "server", server_a: s
         on = ["cell_id"]
     else:
         on = ["server_id", "cell_id"]
-    both = a[keep].merge(b[keep], on=on, suffixes=("_a", "_b"))
+    both = a[KEEP].merge(b[KEEP], on=on, suffixes=("_a", "_b"))
     if both.empty:
         raise NoCellInCommon("the two runs have no cell in common (try --match cell with --server-a/--server-b)")
     for col in ("workload", "context_tokens", "concurrency"):
-        if f"{col}_a" in both:
-            both[col] = both[f"{col}_a"]
-    if "server_id" not in both:
+        both[col] = both[f"{col}_a"]
+    if "server_id" in both:
+        both["server_id_a"] = both["server_id_b"] = both["server_id"]
+    else:
         both["server_id"] = both["server_id_a"] + " → " + both["server_id_b"]
     return both.sort_values(["server_id", "workload", "context_tokens", "concurrency"])
+
+
+def judged(both: pd.DataFrame, reqs_a: pd.DataFrame, reqs_b: pd.DataFrame,
+           min_effect: float | dict[str, float] | None = None, noise_multiple: float = 2.0) -> pd.DataFrame:
+    """regress's verdict rows for the matched cells, B against A (``history.regress.judge_cell``): a cell A
+    measured with a figure and B did not is lost, one Client-bound on either side a measurement problem."""
+    on = ["server_id", "cell_id"]
+    by_a, by_b = ({k: g for k, g in r.groupby(on)} for r in (reqs_a, reqs_b))
+    rows: list[dict[str, Any]] = []
+    for _, r in both.iterrows():
+        ident = {"server_id": r["server_id"], "cell_id": r["cell_id"], "workload": r["workload"]}
+        a, b = (pd.Series({"status": r[f"status_{s}"], "workload": r["workload"], "delivery": r[f"delivery_{s}"]})
+                for s in ("a", "b"))
+        why = rg.unmeasured(a, b, ("A", "B"))
+        if why:
+            rows.append(rg.not_judged(ident, a, b, why, paired=True))
+            continue
+        ra = by_a.get((r["server_id_a"], r["cell_id"]), reqs_a.iloc[:0])
+        rb = by_b.get((r["server_id_b"], r["cell_id"]), reqs_b.iloc[:0])
+        rows += rg.judge_cell(ident, a, b, rg.counted(ra), rg.counted(rb), min_effect, noise_multiple)
+    return rg.ordered(rows)
 
 
 def shown(value, status: str, show) -> str:
@@ -77,41 +115,50 @@ def shown(value, status: str, show) -> str:
     return f"{show(value)} (Unstable)" if status == Status.UNSTABLE else fmt.status(status)
 
 
+def cell_name(r: Any) -> str:
+    kind = workloads.get(r.workload)
+    cell = f"{r.workload} {fmt.ctx(int(r.context_tokens))}" + ("" if kind.one_at_a_time else f" c{int(r.concurrency)}")
+    if "-share" in str(r.cell_id):  # prefix-cache cells differ by their shared part
+        cell += f" {str(r.cell_id).split('-share')[1].split('-')[0]}% shared"
+    return cell
+
+
 def table(both: pd.DataFrame) -> Table:
+    """The matrix's own figures of each matched cell, A and B with B's change (not judged)."""
     heads = ["Server config", "Cell"]
     for _, name, _ in FIGURES:
         heads += [f"{name} A", f"{name} B", "Δ"]
     t = Table(heads)
     for r in both.itertuples():
-        kind = workloads.get(r.workload)
-        cell = f"{r.workload} {fmt.ctx(int(r.context_tokens))}" + ("" if kind.one_at_a_time
-                                                                    else f" c{int(r.concurrency)}")
-        if "-share" in str(r.cell_id):  # prefix-cache cells differ by their shared part
-            cell += f" {str(r.cell_id).split('-share')[1].split('-')[0]}% shared"
-        vals = [str(r.server_id), cell]
+        vals = [str(r.server_id), cell_name(r)]
         for col, _, show in FIGURES:
             va, vb = getattr(r, f"{col}_a"), getattr(r, f"{col}_b")
             sa, sb = r.status_a, r.status_b
-            usable = USABLE  # unstable: a figure, with a wide spread (marked)
             vals += [shown(va, sa, show), shown(vb, sb, show),
-                     fmt.delta(va, vb) if sa in usable and sb in usable else "—"]
+                     fmt.delta(va, vb) if sa in USABLE and sb in USABLE else "—"]
         t.add(*vals)
     return t
 
 
-def chart(both: pd.DataFrame, label_a: str, label_b: str) -> alt.Chart:
-    rows = []
-    for r in both.itertuples():
-        cell = f"{r.server_id} {r.cell_id}"
-        for side, label in (("a", label_a), ("b", label_b)):
-            if getattr(r, f"status_{side}") == Status.VALID:
-                rows.append({"cell": cell, "run": label, "tok_s": getattr(r, f"total_tok_s_{side}")})
-    d = pd.DataFrame(rows, columns=["cell", "run", "tok_s"])
-    return alt.Chart(d).mark_bar().encode(
-        y=alt.Y("cell:N", title=None), x=alt.X("tok_s:Q", title="output tok/s"),
-        color=alt.Color("run:N", title="run"), yOffset="run:N",
-        tooltip=["cell", "run", "tok_s"],
-    ).properties(width=480, title="Output tok/s, cell by cell")
+def chart(verdicts: pd.DataFrame) -> alt.Chart:
+    """Each judged figure's change, B against A, with its 95 % interval: a point and a bar per cell and figure."""
+    d = verdicts[verdicts["figure"].notna()].copy() if "change" in verdicts else verdicts.iloc[:0]
+    if "change" in d:
+        d = d[d["change"].notna()]
+    d = pd.DataFrame({"cell": d.get("server_id", pd.Series(dtype=str)).astype(str) + " " + d.get(
+        "cell_id", pd.Series(dtype=str)).astype(str), "figure": d.get("figure", pd.Series(dtype=str)).map(
+        regression.LABEL), "change": d.get("change"), "low": d.get("ci_low"), "high": d.get("ci_high"),
+        "verdict": d.get("verdict")})
+    y = alt.Y("cell:N", title=None)
+    bars = alt.Chart(d).mark_rule().encode(y=y, yOffset="figure:N", x=alt.X("low:Q", title="change, B against A",
+                                                                              axis=alt.Axis(format="+%")),
+                                           x2="high:Q", color=alt.Color("figure:N", title="figure"))
+    dots = alt.Chart(d).mark_point(filled=True).encode(
+        y=y, yOffset="figure:N", x="change:Q", color="figure:N", shape=alt.Shape("verdict:N"),
+        tooltip=["cell", "figure", alt.Tooltip("change:Q", format="+.1%"), "verdict"])
+    zero = alt.Chart(pd.DataFrame({"x": [0]})).mark_rule(color="#888").encode(x="x:Q")
+    return alt.layer(zero, bars, dots).properties(width=480, title="Each judged figure's change with its 95 % "
+                                                                   "interval")
 
 
 def _run_dir(run: str | Path) -> Path:
@@ -141,6 +188,7 @@ def provenance_table(runs: dict[str, str | Path], matrices: dict[str, pd.DataFra
     t.add("models", *("; ".join(f"{n}: {m.get('repo', m.get('preset', ''))} {str(m.get('revision', ''))[:12]}".strip()
                                 for n, m in models[k].items()) or "—" for k in runs))
     t.add("hardware", *(first(matrices[k], "hostname") + " · " + first(matrices[k], "gpu_name") for k in runs))
+
     def when(m: pd.DataFrame) -> str:
         t = sorted(str(v) for v in m.get("started_at", pd.Series(dtype=str)).dropna())
         return f"{t[0]} to {t[-1]}" if t else "—"
@@ -150,27 +198,40 @@ def provenance_table(runs: dict[str, str | Path], matrices: dict[str, pd.DataFra
 
 
 def compare(run_a: str, run_b: str, out_dir: str | None = None, match: str = "server",
-            server_a: str | None = None, server_b: str | None = None) -> str:
-    """The comparison table (markdown); with ``out_dir`` also compare.md, compare.png and compare-report.html
-    (one self-contained page: the table, the interactive chart and both runs' provenance)."""
-    ma, mb = load_matrix(run_a), load_matrix(run_b)
+            server_a: str | None = None, server_b: str | None = None, history: str | Path | None = None,
+            min_effect: float | dict[str, float] | None = None,
+            noise_multiple: float = 2.0) -> tuple[list[Block], pd.DataFrame]:
+    """The comparison (its blocks, and regress's verdict rows for its exit status, JSON and JUnit); with
+    ``out_dir`` also compare.md, compare.csv, compare.png and compare-report.html (one self-contained page: the
+    verdicts, the matrix's figures, the chart and both runs' provenance)."""
+    (ma, ra), (mb, rb) = load_side(run_a, history), load_side(run_b, history)
     both = matched(ma, mb, match, server_a, server_b)
-    doc = [Heading(1, "Comparison"),
-           Para(f"A = {run_a}; B = {run_b}. Δ is B against A (for TTFT, negative is faster)."), table(both)]
+    verdicts = judged(both, ra, rb, min_effect, noise_multiple)
+    doc: list[Block] = [
+        Heading(1, "Comparison"), Para(f"A = {run_a}; B = {run_b}. " + regression.answer(verdicts)),
+        Para("Each figure judged as `speedmatrix regress` judges it, B against A, from the two runs alone: the "
+             "cell's counted requests, the change's 95 % bootstrap interval, a verdict where the interval excludes "
+             "no change and the change reaches the minimum effect (the user's, or twice the cell's own noise); "
+             "latency figures only where both runs' tokens streamed as made; a tail percentile only where each side "
+             "has the requests its interval needs."),
+        *regression.verdict_blocks(verdicts, ("A", "B")),
+        Heading(2, "The matrix's figures"),
+        Para("Each cell's own figures as its run's matrix has them (output tok/s: every output token of the window "
+             "over the window; goodput under each run's first latency target), A and B with B's change: shown, not "
+             "judged."), table(both)]
     if out_dir:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        drawn = chart(both, "A", "B")
+        drawn = chart(verdicts)
         charts.save_png(drawn, out / "compare.png")
-        page = [*doc, Figure("Output tok/s", drawn.to_dict(), "compare.png",
-                             "Each cell present in both runs: A's and B's output tok/s (valid cells only)."),
+        page = [*doc, Figure("Each judged figure's change", drawn.to_dict(), "compare.png",
+                             "Each cell in both runs: the change of each judged figure, B against A, a bar for its "
+                             "95 % interval (latencies: a negative change is faster)."),
                 Heading(2, "Provenance"), provenance_table({"A": run_a, "B": run_b}, {"A": ma, "B": mb})]
         atomic.write_bytes(out / "compare.md", markdown(page).encode())
+        atomic.write_bytes(out / "compare.csv", verdicts.to_csv(index=False).encode())
         atomic.write_bytes(out / "compare-report.html", document.page(page, "Comparison").encode())
-    return markdown(doc)
-
-
-
+    return doc, verdicts
 
 
 def run_name(run: str | Path) -> str:

@@ -52,7 +52,8 @@ def answer(table: pd.DataFrame, causes: list[str] | None = None) -> str:
                  else "**No cell slower**")
                 + f", {c[rg.FASTER]} faster, {c[rg.SAME]} with no change, {c[rg.INCONCLUSIVE]} inconclusive")
     rest = [f"**{c['lost']} lost**" if c["lost"] else "0 lost",
-            f"**{c['measurement']} not judged for a measurement problem** (the client's, not the server's)"
+            f"**{c['measurement']} not judged for a measurement problem** (a Client-bound cell or too few requests: "
+            "not the server's)"
             if c["measurement"] else "0 with a measurement problem",
             f"{c[rg.NOT_COMPARABLE]} not comparable in all"]
     name = code.name.lower().replace("_", " ")
@@ -65,10 +66,13 @@ def answer(table: pd.DataFrame, causes: list[str] | None = None) -> str:
     return said
 
 
-def verdict_table(table: pd.DataFrame) -> Table:
-    t = Table(["Server config", "Cell", "Figure", "Base", "New", "Change (95 % interval)", "Minimum effect",
+def verdict_blocks(table: pd.DataFrame, sides: tuple[str, str] = ("Base", "New")) -> list[Block]:
+    """Every figure's row, but those a reader need not see (regress.unshown: said in a line under the table,
+    kept in the CSV and JSON)."""
+    hidden = rg.unshown(table)
+    t = Table(["Server config", "Cell", "Figure", *sides, "Change (95 % interval)", "Minimum effect",
                "Verdict", "Why"])
-    for r in table.itertuples():
+    for r in table[~hidden].itertuples():
         fig = getattr(r, "figure", None)
         if not isinstance(fig, str):
             t.add(r.server_id, r.cell_id, "—", "—", "—", "—", "—", r.verdict, r.reason or "")
@@ -78,7 +82,12 @@ def verdict_table(table: pd.DataFrame) -> Table:
         change = (f"{r.change:+.1%} ({r.ci_low:+.1%} to {r.ci_high:+.1%})" if measured else "—")
         t.add(r.server_id, r.cell_id, LABEL[fig], show(getattr(r, "base", None)), show(getattr(r, "new", None)),
               change, fmt.pct(getattr(r, "min_effect", None)) if measured else "—", r.verdict, r.reason or "")
-    return t
+    if not hidden.any():
+        return [t]
+    needs = ", ".join(f"p{f.q:g}: {f.min_requests()}" for f in rg.FIGURES if f.q is not None and "ttft" in f.name)
+    return [t, Para(f"Not shown: {int(hidden.sum())} rows not comparable for want of the figure (one output token "
+                    f"has no TPOT) or of the requests a tail percentile's interval needs ({needs}); the CSV and "
+                    "JSON have every row.")]
 
 
 def _joules(v: Any) -> str:
@@ -131,7 +140,7 @@ def blocks(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any], level
                  "change under it, or an interval reaching beyond it, is inconclusive. Latency figures only where "
                  "both runs' tokens streamed as made. Cells measured "
                  "differently, searches, and cells without a figure in either run are not compared."),
-            verdict_table(table), *extra]
+            *verdict_blocks(table), *extra]
 
 
 def write(out: str | Path, table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any],
@@ -159,14 +168,14 @@ def verdict_json(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any],
             "base": base.get("run_id"), "new": new.get("run_id"), "new_run_causes": causes or [], "rows": rows}
 
 
-def verdict_junit(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any]) -> str:
+def verdict_junit(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any], command: str = "regress") -> str:
     """The verdict as JUnit XML, for CI systems that read it: a test case per cell; a slower or lost cell is a
     failure, a measurement problem an error, a cell not comparable otherwise is skipped."""
     import xml.etree.ElementTree as ET
 
     per_cell = rg.cell_verdicts(table).set_index(["server_id", "cell_id"])["verdict"]
     lost, measured = set(rg.lost_cells(table)), set(rg.measurement_cells(table))
-    suite = ET.Element("testsuite", name=f"speedmatrix regress {base.get('run_id')} -> {new.get('run_id')}")
+    suite = ET.Element("testsuite", name=f"speedmatrix {command} {base.get('run_id')} -> {new.get('run_id')}")
     failures = errors = skipped = 0
     for (sid, cid), verdict in per_cell.items():
         case = ET.SubElement(suite, "testcase", classname=str(sid), name=str(cid))
