@@ -6,34 +6,35 @@
 #   EXPERIMENT=tiny-cpu docs/nightly.sh
 #
 # Settings (environment): EXPERIMENT; RESULTS (the results root, default results); BIN (where speedmatrix is,
-# default .venv/bin); RUN (the command that measures, default `make run EXPERIMENT=$EXPERIMENT`); BASELINE (the
-# file holding the baseline's run id, default $RESULTS/baseline-$EXPERIMENT); OUT (where the verdict's files go,
-# default $RESULTS/verdict-$EXPERIMENT); MIN_EFFECT (regress --min-effect, e.g. output_tok_s=5%,ttft=10%).
+# default .venv/bin); RUN (the command that measures, default `make run EXPERIMENT=$EXPERIMENT`); TAG (the store's
+# tag for the baseline, default baseline-$EXPERIMENT); OUT (where the verdict's files go, default
+# $RESULTS/verdict-$EXPERIMENT); MIN_EFFECT (regress --min-effect, e.g. output_tok_s=5%,ttft=10%).
 set -u
 EXPERIMENT=${EXPERIMENT:-tiny-cpu}
 RESULTS=${RESULTS:-results}
 BIN=${BIN:-.venv/bin}
 RUN=${RUN:-make run EXPERIMENT=$EXPERIMENT}
-BASELINE=${BASELINE:-$RESULTS/baseline-$EXPERIMENT}
+TAG=${TAG:-baseline-$EXPERIMENT}
 OUT=${OUT:-$RESULTS/verdict-$EXPERIMENT}
 STORE=$RESULTS/history.sqlite
+SM="$BIN/speedmatrix"
 
 # a fresh results folder (the store beside it is kept: every night is added to it)
 rm -rf "${RESULTS:?}/$EXPERIMENT"
 # a run that fails is judged too: its lost cells are the verdict's, with their causes
 $RUN || echo "nightly: the run did not finish every job; judging what it measured"
-"$BIN/speedmatrix" history --add "$RESULTS/$EXPERIMENT" --store "$STORE" || exit 2
-NEW=$("$BIN/speedmatrix" history --id "$RESULTS/$EXPERIMENT") || exit 2
-if [ ! -s "$BASELINE" ]; then
-    echo "$NEW" > "$BASELINE"
-    echo "nightly: run $NEW is the first baseline ($BASELINE)"
+"$SM" history --add "$RESULTS/$EXPERIMENT" --store "$STORE" || exit 2
+NEW=$("$SM" history --id "$RESULTS/$EXPERIMENT") || exit 2
+if ! "$SM" history --id "$TAG" --store "$STORE" >/dev/null 2>&1; then
+    "$SM" history --tag "$TAG" "$NEW" --store "$STORE" || exit 2
+    echo "nightly: run $NEW is the first baseline (tag $TAG)"
     exit 0
 fi
-"$BIN/speedmatrix" regress "$(cat "$BASELINE")" "$NEW" --store "$STORE" ${MIN_EFFECT:+--min-effect "$MIN_EFFECT"} \
+"$SM" regress "$TAG" "$NEW" --store "$STORE" ${MIN_EFFECT:+--min-effect "$MIN_EFFECT"} \
     --out "$OUT" --json "$OUT/verdict.json" --junit "$OUT/junit.xml"
 status=$?
 if [ "$status" -eq 0 ]; then
-    echo "$NEW" > "$BASELINE"  # the baseline moves forward on a pass
-    echo "nightly: pass; run $NEW is the baseline now"
+    "$SM" history --tag "$TAG" "$NEW" --store "$STORE" || exit 2  # the baseline moves forward on a pass
+    echo "nightly: pass; run $NEW is the baseline now (tag $TAG)"
 fi
 exit "$status"

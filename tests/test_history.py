@@ -2,6 +2,7 @@
 0.25.1 on an H200, every cell's JSON and requests kept): no engine runs here."""
 
 import gzip
+import io
 import json
 import shutil
 import sqlite3
@@ -331,8 +332,14 @@ def test_a_report_shows_its_cells_in_earlier_runs(recorded, tmp_path):
     assert "This run's cells in earlier runs" in text and earlier in text
     assert store.runs(db)["run_id"].iloc[1] not in text.split("|", 1)[1].split("\n")[0]  # not a column of its own
     assert (tmp_path / "report" / "charts" / "earlier_runs.png").stat().st_size > 0
-    assert regression.earlier_runs_blocks(db, "another-experiment", slow, pd.read_parquet(slow / "matrix.parquet"),
-                                          out) == []
+    # the selection is history --trend's: the same cells and server config on a machine of this run's kind, whatever
+    # the experiment's name; this run on another kind of machine has no earlier run
+    assert regression.earlier_runs_blocks(db, "another-name", slow, pd.read_parquet(slow / "matrix.parquet"), out)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(slow, elsewhere, ignore=shutil.ignore_patterns("requests.parquet", "*.requests.parquet"))
+    matrix = pd.read_parquet(elsewhere / "matrix.parquet").assign(gpu_name="NVIDIA H100 80GB HBM3")
+    matrix.to_parquet(elsewhere / "matrix.parquet")
+    assert regression.earlier_runs_blocks(db, "h200-tiny-trained-spec", elsewhere, matrix, out) == []
 
 
 def test_published_figures_of_named_cells_beside_the_runs():
@@ -487,12 +494,15 @@ def test_a_cells_trend_names_each_runs_machine_and_selects_by_machine_and_config
     base, slow, _ = recorded
     other = tmp_path / "other-gpu"
     shutil.copytree(slow, other)
-    for doc_path in (other / "cells").glob("*/*.json"):  # the same cells measured later on another card
+    child = "h200-tiny-trained-spec-next"  # the same cells measured later on another card, by an extends: child
+    for doc_path in (other / "cells").glob("*/*.json"):
         doc = json.loads(doc_path.read_text())
         doc["result"]["started_at"] = "2026-12-04T10:00:00+0000"
+        doc["experiment"] = child
         doc_path.write_text(json.dumps(doc))
     matrix = pd.read_parquet(other / "matrix.parquet")
     matrix["gpu_name"] = "NVIDIA H100 80GB HBM3"
+    matrix["experiment"] = child
     matrix.to_parquet(other / "matrix.parquet")
     db = tmp_path / "history.sqlite"
     for run in (base, slow, other):
@@ -500,16 +510,51 @@ def test_a_cells_trend_names_each_runs_machine_and_selects_by_machine_and_config
     cell = "base/decode-ctx128-c1-temp0.7"
     assert main(["history", "--store", str(db), "--cell", cell]) == 0
     table = capsys.readouterr().out
-    assert "| Machine |" in table and "NVIDIA H100 80GB HBM3" in table and "h200-tiny-trained-spec" in table
+    assert "| GPU | CPU |" in table and "NVIDIA H100 80GB HBM3" in table and child in table
     assert main(["history", "--store", str(db), "--cell", cell, "--machine", "h200", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 2 and all("H200" in r["run_gpu_name"] for r in rows)
     png = tmp_path / "trend.png"
     assert main(["history", "--store", str(db), "--cell", cell, "--same-config", "--chart", str(png)]) == 0
     assert png.read_bytes()[:4] == b"\x89PNG"
+    # an experiment's family: every cell of its newest run, in each run of the same server config, the child's too
+    capsys.readouterr()
+    assert main(["history", "--store", str(db), "--trend", "h200-tiny-trained-spec", "--format", "csv"]) == 0
+    fam = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    cells = fam[["server_id", "cell_id"]].drop_duplicates()
+    assert len(fam) == 3 * len(cells) and set(fam["run_experiment"]) == {"h200-tiny-trained-spec", child}
+    assert main(["history", "--store", str(db), "--trend", "h200-tiny-trained-spec", "--machine", "H200",
+                 "--chart", str(png)]) == 0
+    assert "| Server config | Cell |" in (out := capsys.readouterr().out) and "H100" not in out
+    assert main(["history", "--store", str(db), "--trend", "no-such-experiment"]) == 2
+    assert "the store's experiments: " in capsys.readouterr().err
     # a run of another server config (a flag changed) is left out; an extends: child of the same config is not
     from speedmatrix.report import regression
 
     found = store.cell_history(db, "base", "decode-ctx128-c1-temp0.7")
     found.loc[found.index[0], "config_sha256"] = "another"
     assert len(regression.select_history(found, same_config=True)) == len(found) - 1
+
+
+def test_tags_latest_and_removal_name_runs_for_a_script(recorded, tmp_path, capsys):
+    """history --tag names a run (the name moves on a second --tag), latest is the newest run, either is a run id
+    for regress and compare; --remove takes a run out whole; a bad tag name says what a tag is."""
+    base, slow, _ = recorded
+    db = tmp_path / "history.sqlite"
+    first, _ = store.add(base, db)
+    second, _ = store.add(slow, db)
+    assert main(["history", "--store", str(db), "--tag", "baseline", str(base)]) == 0
+    assert store.resolve(db, "baseline") == first and store.resolve(db, "latest") == second
+    assert main(["history", "--store", str(db), "--id", "latest"]) == 0 and capsys.readouterr().out.split()[-1] \
+        == second
+    assert main(["regress", "baseline", "latest", "--store", str(db), "--json", "-"]) == 1  # the slowed cell
+    assert json.loads(capsys.readouterr().out)["base"] == first
+    assert main(["compare", "baseline", "latest", "--store", str(db), "--json", "-"]) == 1
+    assert json.loads(capsys.readouterr().out)["found"]["slower"] == ["/".join(SLOWED)]
+    store.tag(db, "baseline", second)  # the baseline moves forward
+    assert store.runs(db).set_index("run_id").loc[second, "tags"] == "baseline"
+    with pytest.raises(StoreError, match="a tag is a letter"):
+        store.tag(db, "latest", first)
+    assert main(["history", "--store", str(db), "--remove", "baseline"]) == 0
+    assert list(store.runs(db)["run_id"]) == [first] and store.tag_names(db) == {}
+    assert store.cells(db, second).empty and store.requests(db, second).empty

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
+from speedmatrix.history import store
 from speedmatrix.history.gate import Outcome
 
 RECORDED = REPO / "docs" / "results" / "h200-tiny-trained-spec"
@@ -71,27 +72,32 @@ def run_night(source: Path, results: Path) -> subprocess.CompletedProcess:
                           cwd=REPO, timeout=300)
 
 
+def baseline(store_path: Path) -> str:
+    """The run the store's baseline tag names now."""
+    return store.tag_names(store_path)["baseline-h200-tiny-trained-spec"]
+
+
 def test_the_nightly_recipe_gates_each_night_with_its_own_status(nights, tmp_path):
     results = tmp_path / "results"
     results.mkdir()
-    baseline = results / "baseline-h200-tiny-trained-spec"
+    store_path = results / "history.sqlite"
     verdict = results / "verdict-h200-tiny-trained-spec" / "verdict.json"
 
     first = run_night(nights["first"], results)
     assert first.returncode == 0, first.stderr
-    assert "is the first baseline" in first.stdout and baseline.read_text().strip()
-    base_id = baseline.read_text().strip()
+    base_id = baseline(store_path)
+    assert "is the first baseline" in first.stdout and base_id in first.stdout
 
     clean = run_night(nights["clean"], results)  # the same figures on another night: passes, the baseline moves
     assert clean.returncode == Outcome.PASS, clean.stdout[-2000:] + clean.stderr
     assert json.loads(verdict.read_text())["outcome"] == "pass"
-    moved = baseline.read_text().strip()
+    moved = baseline(store_path)
     assert moved != base_id and "is the baseline now" in clean.stdout
 
     slow = run_night(nights["slow"], results)
     assert slow.returncode == Outcome.SLOWER, slow.stderr
     doc = json.loads(verdict.read_text())
-    assert doc["found"]["slower"] == ["/".join(SLOWED)] and baseline.read_text().strip() == moved  # not moved
+    assert doc["found"]["slower"] == ["/".join(SLOWED)] and baseline(store_path) == moved  # not moved
     assert (results / "verdict-h200-tiny-trained-spec" / "junit.xml").read_text().count("<failure") == 1
 
     failed = run_night(nights["failed"], results)
@@ -103,4 +109,4 @@ def test_the_nightly_recipe_gates_each_night_with_its_own_status(nights, tmp_pat
     client = run_night(nights["client"], results)
     assert client.returncode == Outcome.MEASUREMENT, client.stderr
     doc = json.loads(verdict.read_text())
-    assert doc["found"] == {"measurement": ["/".join(SLOWED)]} and baseline.read_text().strip() == moved
+    assert doc["found"] == {"measurement": ["/".join(SLOWED)]} and baseline(store_path) == moved

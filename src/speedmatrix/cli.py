@@ -125,7 +125,7 @@ def cmd_argv(ns: argparse.Namespace) -> int:
 def cmd_compare(ns: argparse.Namespace) -> int:
     from .history import regress
     from .history.gate import Outcome
-    from .report import compare, regression
+    from .report import compare
 
     try:
         doc, table = compare.compare(ns.run_a, ns.run_b, ns.out, ns.match, ns.server_a, ns.server_b, ns.store,
@@ -160,36 +160,61 @@ def _verdict_out(ns: argparse.Namespace, command: str, table, base: dict, new: d
 
 
 def cmd_history(ns: argparse.Namespace) -> int:
-    from .core.table import Heading, markdown
     from .history import store
-    from .report import charts, regression
+    from .report import regression
 
     if ns.add:
         for run in ns.add:
             run_id, new = store.add(run, ns.store)
             print(f"{run}: run {run_id} {'added to' if new else 'already in'} {ns.store}")
         return 0
-    if ns.id:
-        print(store.run_id(ns.id))
+    if ns.id:  # a results folder's id (stored or not), else a stored run's (a tag, latest, a start of an id)
+        print(store.run_id(ns.id) if Path(ns.id).is_dir() else store.resolve(ns.store, ns.id))
         return 0
-    if not ns.cell:
+    if ns.tag:
+        print(f"{ns.tag[0]}: run {store.tag(ns.store, *ns.tag)}")
+        return 0
+    if ns.untag:
+        store.untag(ns.store, ns.untag)
+        print(f"{ns.untag}: removed")
+        return 0
+    if ns.remove:
+        print(f"run {store.remove(ns.store, ns.remove)} removed from {ns.store}")
+        return 0
+    if not ns.trend:
         if ns.format == "markdown":
             print(regression.history_text(ns.store, ns.experiment))
         else:
             _print_rows(store.runs(ns.store, ns.experiment), ns.format)
         return 0
-    # one cell across runs, read once, then narrowed (--machine, --same-config), drawn, printed
-    rows = store.cell_history(ns.store, *ns.cell.partition("/")[::2], ns.experiment)
+    return _trend(ns)
+
+
+def _trend(ns: argparse.Namespace) -> int:
+    """history --trend: one cell (SERVER/CELL) or an experiment's family across runs, read once, then narrowed
+    (--machine, --same-config), drawn, printed."""
+    from .core.table import Heading, markdown
+    from .history import store
+    from .report import charts, regression
+
+    one = "/" in ns.trend
+    rows = (store.cell_history(ns.store, *ns.trend.partition("/")[::2], ns.experiment) if one
+            else store.family(ns.store, ns.trend))
     if rows.empty:
-        known = store.stored_cells(ns.store)
-        print(f"speedmatrix history: {ns.cell}: in no stored run" + (f" of {ns.experiment}" if ns.experiment else "")
-              + (f"; the store's cells (SERVER/CELL): {', '.join(known[:40])}" + (" ..." if len(known) > 40 else "")
-                 if known else f"; {ns.store} holds no cell yet"), file=sys.stderr)
+        if one:
+            known = store.stored_cells(ns.store)
+            listed = (f"the store's cells (SERVER/CELL): {', '.join(known[:40])}" + (" ..." if len(known) > 40 else "")
+                      if known else f"{ns.store} holds no cell yet")
+        else:
+            names = sorted(set(store.runs(ns.store)["experiment"]))
+            listed = f"the store's experiments: {', '.join(names)}" if names else f"{ns.store} holds no run yet"
+        print(f"speedmatrix history: {ns.trend}: in no stored run" + (f" of {ns.experiment}" if ns.experiment and one
+                                                                     else "") + f"; {listed}", file=sys.stderr)
         return 2
     selected = bool(ns.machine or ns.same_config)
     rows = regression.select_history(rows, ns.machine, ns.same_config)
     if ns.chart:
-        chart = regression.trend_chart(rows, ns.cell)
+        chart = regression.trend_chart(rows, ns.trend)
         if ns.chart.suffix == ".html":
             chart.save(str(ns.chart))
         else:
@@ -198,8 +223,9 @@ def cmd_history(ns: argparse.Namespace) -> int:
     if ns.format != "markdown":
         _print_rows(rows, ns.format)
         return 0
+    what = ns.trend if one else f"{ns.trend}'s cells (each with the server config of its newest stored run)"
     where = "the stored runs selected" if selected else "every stored run"
-    print(markdown([Heading(1, f"{ns.cell} in {where}"), regression.cell_table(rows)]))
+    print(markdown([Heading(1, f"{what} in {where}"), regression.cell_table(rows)]))
     return 0
 
 
@@ -592,27 +618,39 @@ def _verdict_options(p: argparse.ArgumentParser, store: bool = True) -> None:
 def _add_history(sub) -> None:
     default_store = runfolder.history("results")
     hi = sub.add_parser(
-        "history", help="the runs in the results store, or one cell across them",
+        "history", help="the runs in the results store, a cell's or an experiment's trend across them, tags",
         description="Every finished or failed run of the workflow adds itself to the results store "
-        "(results/history.sqlite: a SQLite file any SQLite client opens; tables runs, cells, requests). Without "
-        "options: the stored runs, oldest first. --cell SERVER/CELL: that cell's figures in every stored run. "
+        "(results/history.sqlite: a SQLite file any SQLite client opens; tables runs, cells, requests, tags). "
+        "Without options: the stored runs, oldest first, with their tags. --trend SERVER/CELL: that cell in every "
+        "stored run; --trend EXPERIMENT: every cell of the experiment's newest stored run, in every run that "
+        "measured it with the same server config (its extends: children and other releases line up). "
         "--add RESULTS: add a results folder by hand (one copied from another machine); adding a run twice adds "
-        "nothing.")
+        "nothing. Wherever a run is asked for (here, regress, compare): a unique start of its id, a tag, latest "
+        "(the newest stored run), or the results folder it was added from.")
     hi.add_argument("--store", type=Path, default=default_store,
                     help=f"the store (default: {default_store}; a .sqlite.gz is read as it is)")
     hi.add_argument("--experiment", help="only this experiment's runs")
-    hi.add_argument("--cell", metavar="SERVER/CELL", help="one cell across runs, e.g. base/decode-ctx128-c1")
+    hi.add_argument("--trend", "--cell", metavar="SERVER/CELL|EXPERIMENT", help="one cell across runs, e.g. "
+                    "base/decode-ctx128-c1, or an experiment's family of cells: a table with each run's "
+                    "experiment, runtime, GPU and CPU; --chart draws it, --format json|csv gives its rows")
     hi.add_argument("--add", nargs="+", metavar="RESULTS", help="add these results folders to the store")
-    hi.add_argument("--id", metavar="RESULTS", help="print the run id a results folder has (or will have) in the "
-                    "store, for a script: speedmatrix regress BASE \"$(speedmatrix history --id results/X)\"")
-    hi.add_argument("--machine", metavar="TEXT", help="with --cell: only the runs on a machine whose GPU (or CPU) "
+    hi.add_argument("--id", metavar="RUN", help="print a run's id: a results folder's (stored or not), or a stored "
+                    "run's by tag or latest, for a script: speedmatrix regress baseline \"$(speedmatrix history "
+                    "--id results/X)\"")
+    hi.add_argument("--tag", nargs=2, metavar=("NAME", "RUN"), help="name a stored run (e.g. baseline); the name "
+                    "moves to it from the run it named before")
+    hi.add_argument("--untag", metavar="NAME", help="remove a tag")
+    hi.add_argument("--remove", metavar="RUN", help="take a run out of the store (its cells, requests and tags)")
+    hi.add_argument("--machine", metavar="TEXT", help="with --trend: only the runs on a machine whose GPU (or CPU) "
                     "name holds TEXT, e.g. H100")
-    hi.add_argument("--same-config", action="store_true", help="with --cell: only the runs whose server config "
-                    "(flags, environment, models) is the newest run's: its releases and extends: children line up")
-    hi.add_argument("--chart", type=Path, metavar="FILE", help="with --cell: the trend as a chart (.png or .html): "
-                    "a point per run by runtime and machine, the run-to-run band shaded")
+    hi.add_argument("--same-config", action="store_true", help="with --trend: only the runs whose server config "
+                    "(flags, environment, models) is each cell's newest run's: its releases and extends: children "
+                    "line up")
+    hi.add_argument("--chart", type=Path, metavar="FILE", help="with --trend: the trend as a chart (.png or .html): "
+                    "a point per run by runtime and machine (a family: each cell over its median), the run-to-run "
+                    "band shaded")
     hi.add_argument("--format", choices=("markdown", "json", "csv"), default="markdown",
-                    help="the runs or the cell's rows as a markdown table (default), JSON records or CSV")
+                    help="the runs or the trend's rows as a markdown table (default), JSON records or CSV")
     hi.set_defaults(func=cmd_history)
 
     rg = sub.add_parser(

@@ -76,7 +76,7 @@ class Figure:
         return MIN_REQUESTS if self.q is None else max(MIN_REQUESTS, _percentile_samples(self.q))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _percentile_samples(q: float) -> int:
     return precision.samples_for_percentile(q / 100, 0.95)
 
@@ -85,12 +85,13 @@ def _percentile_samples(q: float) -> int:
 SERVED_TOK_S = Figure("served_tok_s", "output tok/s per request, first token included (total at the load)", True)
 FIGURES = [Figure("request_tok_s", "output tok/s per request", True), SERVED_TOK_S,
            Figure("ttft_ms", "median TTFT", False), Figure("tpot_ms", "median TPOT", False),
-           Figure("p95_ttft_ms", "p95 TTFT", False, "ttft_ms", 95), Figure("p99_ttft_ms", "p99 TTFT", False, "ttft_ms", 99),
-           Figure("p95_tpot_ms", "p95 TPOT", False, "tpot_ms", 95), Figure("p99_tpot_ms", "p99 TPOT", False, "tpot_ms", 99)]
+           *(Figure(f"p{q}_{per}", f"p{q} {per[:4].upper()}", False, per, q)
+             for per in ("ttft_ms", "tpot_ms") for q in (95, 99))]
 
 # what --min-effect may call a figure, beside its own name
 ALIASES = {"output_tok_s": "request_tok_s", "tok_s": "request_tok_s", "total_tok_s": "served_tok_s",
-           "ttft": "ttft_ms", "tpot": "tpot_ms", **{f"p{q}_{x}": f"p{q}_{x}_ms" for q in (95, 99) for x in ("ttft", "tpot")}}
+           "ttft": "ttft_ms", "tpot": "tpot_ms",
+           **{f"p{q}_{x}": f"p{q}_{x}_ms" for q in (95, 99) for x in ("ttft", "tpot")}}
 
 
 def parse_min_effect(text: str | None) -> float | dict[str, float] | None:
@@ -430,7 +431,9 @@ MACHINE_KIND = ("gpu_name", "cpu_model", "cpu_count")
 def machine_kind(row: dict[str, Any] | pd.Series) -> tuple:
     """The run's kind of machine (MACHINE_KIND's values; None where it recorded none)."""
     def one(v: Any) -> Any:
-        return None if v is None or (isinstance(v, float) and np.isnan(v)) else str(v)
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            return None
+        return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)  # a core count read as 4.0
     return tuple(one(row.get(k)) for k in MACHINE_KIND)
 
 

@@ -315,26 +315,82 @@ def _tables(con: sqlite3.Connection) -> set[str]:
 
 
 def runs(store: str | Path, experiment: str | None = None) -> pd.DataFrame:
+    """The stored runs (of one experiment), oldest first, each with its tags (comma-separated)."""
     with connect(store) as con:
         if "runs" not in _tables(con):
-            return pd.DataFrame(columns=RUN_COLUMNS)
+            return pd.DataFrame(columns=[*RUN_COLUMNS, "tags"])
         query, args = "SELECT * FROM runs", ()
         if experiment:
             query, args = query + " WHERE experiment = ?", (experiment,)
-        return pd.read_sql_query(query + " ORDER BY started_at", con, params=args)
+        found = pd.read_sql_query(query + " ORDER BY started_at, added_at", con, params=args)
+        named = (pd.read_sql_query("SELECT name, run_id FROM tags ORDER BY name", con) if "tags" in _tables(con)
+                 else pd.DataFrame(columns=["name", "run_id"]))
+    by_run = named.groupby("run_id")["name"].agg(", ".join)
+    return found.assign(tags=found["run_id"].map(by_run).fillna(""))
+
+
+LATEST = "latest"  # the newest stored run (by start), wherever a run id is asked for
 
 
 def resolve(store: str | Path, ref: str) -> str:
-    """A run id from a unique prefix of one, or from the results folder it was read from."""
+    """A run id from the results folder it was read from, a tag (``history --tag``), ``latest`` (the newest run
+    stored, by start), or a unique start of one."""
     found = runs(store)
     if Path(ref).is_dir():
         hit = found[found["source"] == str(Path(ref).resolve())]
+    elif ref in tag_names(store):
+        return tag_names(store)[ref]
+    elif ref == LATEST:
+        hit = found.tail(1)
     else:
         hit = found[found["run_id"].str.startswith(ref)]
     if len(hit) != 1:
         what = "no run" if hit.empty else f"{len(hit)} runs ({', '.join(hit['run_id'])})"
-        raise StoreError(f"{ref}: {what} in {store} matches (list them with `speedmatrix history`)")
+        raise StoreError(f"{ref}: {what} in {store} matches (list them with `speedmatrix history`; a run is named "
+                         "by a unique start of its id, a tag, latest, or the results folder it was added from)")
     return str(hit["run_id"].iloc[-1])
+
+
+def tag_names(store: str | Path) -> dict[str, str]:
+    """Every tag with the run it names."""
+    with connect(store) as con:
+        if "tags" not in _tables(con):
+            return {}
+        return dict(con.execute("SELECT name, run_id FROM tags"))
+
+
+TAG = re.compile(r"[A-Za-z][\w.-]*")
+
+
+def tag(store: str | Path, name: str, ref: str) -> str:
+    """Name a run (``baseline``, ``v0.26.0``): the tag moves to it from any run it named before. Returns the run."""
+    if not TAG.fullmatch(name) or name == LATEST:
+        raise StoreError(f"tag {name!r}: a tag is a letter then letters, digits, '.', '_' or '-', and not "
+                         f"{LATEST!r} (it always names the newest run)")
+    run_id = resolve(store, ref)
+    with connect(store, create=True) as con:  # a compressed store is refused: read-only
+        con.execute("CREATE TABLE IF NOT EXISTS tags (name TEXT PRIMARY KEY, run_id TEXT, tagged_at TEXT)")
+        con.execute("INSERT OR REPLACE INTO tags VALUES (?, ?, ?)",
+                    (name, run_id, time.strftime("%Y-%m-%dT%H:%M:%S%z")))
+    return run_id
+
+
+def untag(store: str | Path, name: str) -> None:
+    if name not in tag_names(store):
+        known = ", ".join(sorted(tag_names(store))) or "none"
+        raise StoreError(f"tag {name!r}: no such tag in {store} (its tags: {known})")
+    with connect(store, create=True) as con:
+        con.execute("DELETE FROM tags WHERE name = ?", (name,))
+
+
+def remove(store: str | Path, ref: str) -> str:
+    """Take a run out of the store: its row, its cells, its requests and its tags (one transaction). Returns its id."""
+    run_id = resolve(store, ref)
+    with connect(store, create=True) as con:
+        for table in ("runs", "cells", "requests", "tags"):
+            if table in _tables(con):
+                con.execute(f'DELETE FROM "{table}" WHERE run_id = ?', (run_id,))
+    return run_id
 
 
 def cells(store: str | Path, run_id: str) -> pd.DataFrame:
@@ -357,17 +413,57 @@ def requests(store: str | Path, run_id: str) -> pd.DataFrame:
         return pd.read_sql_query("SELECT * FROM requests WHERE run_id = ?", con, params=(run_id,))
 
 
-def cell_history(store: str | Path, server_id: str, cell_id: str, experiment: str | None = None) -> pd.DataFrame:
-    """One cell in every stored run: the run's manifest beside the cell's figures, oldest first."""
+def cell_history(store: str | Path, server_id: str | None = None, cell_id: str | None = None,
+                 experiment: str | None = None) -> pd.DataFrame:
+    """One cell (or every cell, without ``server_id``/``cell_id``) in every stored run: the run's manifest beside the
+    cell's figures, oldest first."""
     with connect(store) as con:
         if not {"cells", "runs"} <= _tables(con):  # a store no run was added to yet
             return pd.DataFrame()
         query = ("SELECT r.started_at AS run_started_at, r.vllm_version AS run_vllm_version, r.status AS run_status, "
                  "r.hostname AS run_hostname, r.speedmatrix_commit, r.experiment AS run_experiment, "
                  "r.runtime_ref AS run_runtime_ref, r.gpu_name AS run_gpu_name, r.cpu_model AS run_cpu_model, "
-                 "r.cpu_count AS run_cpu_count, c.* FROM cells c JOIN runs r USING (run_id) "
-                 "WHERE c.server_id = ? AND c.cell_id = ?")
-        args: tuple = (server_id, cell_id)
+                 "r.cpu_count AS run_cpu_count, c.* FROM cells c JOIN runs r USING (run_id) WHERE 1 = 1")
+        args: tuple = ()
+        if server_id is not None:
+            query, args = query + " AND c.server_id = ? AND c.cell_id = ?", (server_id, cell_id)
         if experiment:
             query, args = query + " AND r.experiment = ?", (*args, experiment)
-        return pd.read_sql_query(query + " ORDER BY r.started_at", con, params=args)
+        return pd.read_sql_query(query + " ORDER BY r.started_at, r.added_at", con, params=args)
+
+
+def cell_keys(run: str | Path) -> pd.DataFrame:
+    """A results folder's cells as a family's keys: server, cell and server config hash (from its cell files)."""
+    return pd.DataFrame([{"server_id": sid, "cell_id": cid, "config_sha256": cell_identity(doc)["config_sha256"]}
+                         for (sid, cid), doc in _cell_docs(Path(run)).items()],
+                        columns=["server_id", "cell_id", "config_sha256"])
+
+
+def machine(run: str | Path) -> dict[str, Any]:
+    """A results folder's kind of machine as the store records it: GPU name, CPU model and core count (its cells'
+    provenance)."""
+    provs = [doc.get("provenance") or {} for doc in _cell_docs(Path(run)).values()]
+    matrix = RunFolder(run).matrix
+    gpu = (pd.read_parquet(matrix, columns=["gpu_name"])["gpu_name"].dropna() if matrix.exists()
+           else pd.Series(dtype=object))
+    first = lambda key: next((p.get(key) for p in provs if p.get(key) is not None), None)  # noqa: E731
+    return {"gpu_name": str(gpu.iloc[0]) if len(gpu) else None, "cpu_model": first("cpu_model"),
+            "cpu_count": first("cpu_count")}
+
+
+def family(store: str | Path, experiment: str | None = None, keys: pd.DataFrame | None = None) -> pd.DataFrame:
+    """A family of cells across runs: every stored row of a cell in ``keys`` (server, cell and server config hash;
+    default: the cells of ``experiment``'s newest stored run) with that server config (flags, environment,
+    models), in any run of any experiment, so that ``extends:`` children and runs on other releases line up and a
+    changed flag does not. Oldest first."""
+    if keys is None:
+        newest = runs(store, experiment)
+        if newest.empty:
+            return pd.DataFrame()
+        keys = cells(store, str(newest["run_id"].iloc[-1]))
+    rows = cell_history(store)
+    if keys.empty or rows.empty:
+        return pd.DataFrame()
+    keys = keys[["server_id", "cell_id", "config_sha256"]].drop_duplicates()
+    return rows.merge(keys, on=["server_id", "cell_id", "config_sha256"]).sort_values(
+        ["run_started_at", "server_id", "cell_id"], kind="stable").reset_index(drop=True)

@@ -212,19 +212,28 @@ CELL_FIGURES = [("total_tok_s", "output tok/s", fmt.num), ("ttft_ms", "median TT
 
 def machine_of(row: dict[str, Any] | pd.Series) -> str:
     """A run's kind of machine as a reader names it: its GPU, else its CPU model and cores."""
+    gpu = gpu_of(row)
+    return gpu if gpu != "—" else cpu_of(row)
+
+
+def gpu_of(row: dict[str, Any] | pd.Series) -> str:
     gpu = row.get("run_gpu_name", row.get("gpu_name"))
-    if not fmt.missing(gpu) and gpu:
-        return str(gpu)
+    return str(gpu) if not fmt.missing(gpu) and gpu else "—"
+
+
+def cpu_of(row: dict[str, Any] | pd.Series) -> str:
     cpu, cores = row.get("run_cpu_model", row.get("cpu_model")), row.get("run_cpu_count", row.get("cpu_count"))
-    return " x ".join(str(x) for x in (cpu, None if fmt.missing(cores) else int(cores)) if x is not None) or "—"
+    return " x ".join(str(x) for x in (None if fmt.missing(cpu) else cpu, None if fmt.missing(cores)
+                                       else int(cores)) if x is not None) or "—"
 
 
 def cell_table(history: pd.DataFrame) -> Table:
-    """One cell across runs: each run's experiment, runtime and machine, and its figures with their 95 % interval
-    where the cell had repeats (a change of machine or experiment is in its row, not mistaken for a change of
-    speed)."""
-    t = Table(["Run", "Started", "Experiment", "vLLM", "Runtime", "Machine", "Status",
-               *(name for _, name, _ in CELL_FIGURES)])
+    """Cells across runs (one cell, or a family of them): each run's experiment, runtime, GPU and CPU, and the
+    cell's figures with their 95 % interval where it had repeats (a change of machine or experiment is in its row,
+    not mistaken for a change of speed)."""
+    many = history[["server_id", "cell_id"]].drop_duplicates().shape[0] > 1 if len(history) else False
+    t = Table(["Run", "Started", "Experiment", "vLLM", "Runtime", "GPU", "CPU", *(["Server config", "Cell"] * many),
+               "Status", *(name for _, name, _ in CELL_FIGURES)])
     for _, r in history.iterrows():
         vals = []
         for col, _, show in CELL_FIGURES:
@@ -232,41 +241,65 @@ def cell_table(history: pd.DataFrame) -> Table:
             lo, hi = r.get(f"{col}_ci_low"), r.get(f"{col}_ci_high")
             vals.append(v if fmt.missing(lo) or fmt.missing(hi) else f"{v} ({show(lo)}–{show(hi)})")
         t.add(r["run_id"], r.get("run_started_at") or "—", r.get("run_experiment") or "—",
-              r.get("run_vllm_version") or "—", r.get("run_runtime_ref") or "—", machine_of(r),
-              fmt.status(r["status"]), *vals)
+              r.get("run_vllm_version") or "—", r.get("run_runtime_ref") or "—", gpu_of(r), cpu_of(r),
+              *([r["server_id"], r["cell_id"]] * many), fmt.status(r["status"]), *vals)
     return t
 
 
 def select_history(history: pd.DataFrame, machine: str | None = None, same_config: bool = False) -> pd.DataFrame:
-    """A cell's rows across runs narrowed for a trend: the runs on a machine whose name holds ``machine``, and with
-    ``same_config`` the runs whose server config (flags, environment, models: ``config_sha256``, not the
-    experiment's name or the runtime) is the newest run's, so that an ``extends:`` child or another release of
-    the same config lines up and a changed flag does not."""
+    """Cells' rows across runs narrowed for a trend: the runs on a machine whose name (GPU, or CPU model and cores)
+    holds ``machine``, and with ``same_config`` each cell's runs whose server config (flags, environment, models:
+    ``config_sha256``, not the experiment's name or the runtime) is its newest run's, so that an ``extends:`` child
+    or another release of the same config lines up and a changed flag does not."""
     out = history
-    if machine:
+    if machine and len(out):
         out = out[[machine.lower() in machine_of(r).lower() for _, r in out.iterrows()]]
     if same_config and len(out) and "config_sha256" in out:
-        out = out[out["config_sha256"] == out["config_sha256"].iloc[-1]]
+        newest = out.groupby(["server_id", "cell_id"])["config_sha256"].transform("last")
+        out = out[out["config_sha256"] == newest]
     return out
 
 
-def trend_chart(history: pd.DataFrame, cell: str) -> alt.Chart:
-    """The cell's output tok/s across runs, oldest first: a point per run coloured by runtime and shaped by machine,
-    and the run-to-run band (the runs' median ± twice their standard deviation) shaded."""
+def _trend_data(history: pd.DataFrame) -> pd.DataFrame:
     d = history.assign(started=pd.to_datetime(history["run_started_at"], errors="coerce", utc=True),
                        machine=[machine_of(r) for _, r in history.iterrows()],
                        runtime=history["run_runtime_ref"].fillna("—") if "run_runtime_ref" in history else "—")
-    d = d[d["total_tok_s"].notna()]
-    mid, sd = float(d["total_tok_s"].median()), float(d["total_tok_s"].std(ddof=1) if len(d) > 1 else 0.0)
+    usable = d["status"].isin(rg.COMPARABLE_STATUSES) if "status" in d else True
+    return d[d["total_tok_s"].notna() & usable]
+
+
+def trend_chart(history: pd.DataFrame, cell: str) -> alt.Chart:
+    """Across runs, oldest first: for one cell its output tok/s, a point per run coloured by runtime and shaped by
+    machine; for a family of cells each cell's output tok/s over its median across the runs shown, a faint point per
+    cell and a point per run at the cells' median. The run-to-run band (the median ± twice the standard deviation of
+    what is plotted per run) shaded."""
+    d = _trend_data(history)
+    family = d[["server_id", "cell_id"]].drop_duplicates().shape[0] > 1
+    if family:
+        d = d.assign(value=d["total_tok_s"] / d.groupby(["server_id", "cell_id"])["total_tok_s"].transform("median"))
+        per_run = d.groupby(["run_id", "started", "runtime", "machine", "run_experiment"], as_index=False,
+                            dropna=False)["value"].median()
+        title, axis = f"{cell}: each cell's output tok/s over its median across runs", "output tok/s / cell median"
+    else:
+        d = d.assign(value=d["total_tok_s"])
+        per_run = d
+        title, axis = f"{cell}: output tok/s across runs", "output tok/s"
+    v = per_run["value"]
+    mid, sd = float(v.median()) if len(v) else 0.0, float(v.std(ddof=1)) if len(v) > 1 else 0.0
     x = alt.X("started:T", title="run started")
     band = alt.Chart(pd.DataFrame({"low": [mid - 2 * sd], "high": [mid + 2 * sd]})).mark_rect(
         opacity=0.15, color="gray").encode(y="low:Q", y2="high:Q")
-    line = alt.Chart(d).mark_line(color="#888").encode(x=x, y=alt.Y("total_tok_s:Q", title="output tok/s"))
-    dots = alt.Chart(d).mark_point(filled=True, size=70).encode(
-        x=x, y="total_tok_s:Q", color=alt.Color("runtime:N"), shape=alt.Shape("machine:N"),
-        tooltip=["run_id", "run_experiment", "runtime", "machine", "total_tok_s", "status"])
-    return alt.layer(band, line, dots).properties(
-        width=560, height=280, title=f"{cell}: output tok/s across runs (band: median ± 2 SD of the runs shown)")
+    line = alt.Chart(per_run).mark_line(color="#888").encode(x=x, y=alt.Y("value:Q", title=axis,
+                                                                           scale=alt.Scale(zero=False)))
+    dots = alt.Chart(per_run).mark_point(filled=True, size=70).encode(
+        x=x, y="value:Q", color=alt.Color("runtime:N"), shape=alt.Shape("machine:N"),
+        tooltip=["run_id", "run_experiment", "runtime", "machine", alt.Tooltip("value:Q", format=".4g")])
+    layers = [band, line, dots]
+    if family:
+        layers.insert(1, alt.Chart(d).mark_point(size=12, opacity=0.35, color="#666").encode(
+            x=x, y="value:Q", tooltip=["run_id", "server_id", "cell_id", alt.Tooltip("value:Q", format=".3f")]))
+    return alt.layer(*layers).properties(
+        width=560, height=280, title=f"{title} (band: median ± 2 SD of the runs shown)")
 
 
 def history_text(store_path: Path, experiment: str | None) -> str:
@@ -342,20 +375,32 @@ def reproduction_blocks(found: dict[str, Any], level: int = 1) -> list[Block]:
 EARLIER = 4  # earlier runs a report shows beside its own
 
 
+def earlier_rows(history_path: str | Path, results_dir: Path, this: str) -> pd.DataFrame:
+    """The earlier stored rows of this run's cells: its family (``store.family``: the same server, cell and server
+    config in any run) on a machine of this run's kind, this run left out, oldest first."""
+    rows = store.family(history_path, keys=store.cell_keys(results_dir))
+    if rows.empty:
+        return rows
+    kind = rg.machine_kind(store.machine(results_dir))
+    same = [rg.machine_kind({k: r.get(f"run_{k}") for k in rg.MACHINE_KIND}) == kind for _, r in rows.iterrows()]
+    return rows[pd.Series(same, index=rows.index, dtype=bool) & (rows["run_id"] != this)]
+
+
 def earlier_runs_blocks(history_path: str | Path, experiment: str, results_dir: Path, matrix: pd.DataFrame,
                         out: dict[str, str]) -> list[Block]:
     """This run's cells in the stored runs of its experiment before it (the latest EARLIER): output tok/s of each
     cell in each, a table and a chart of each as a ratio to this run."""
     this = store.run_id(results_dir)
-    runs = store.runs(history_path, experiment)
-    runs = runs[runs["run_id"] != this].tail(EARLIER)
-    if runs.empty:
+    rows = earlier_rows(history_path, results_dir, this)
+    if rows.empty:
         return []
+    runs = (rows.drop_duplicates("run_id")[["run_id", "run_started_at", "run_vllm_version", "run_experiment"]]
+            .rename(columns={"run_started_at": "started_at", "run_vllm_version": "vllm_version"}).tail(EARLIER))
     now = matrix.set_index(["server_id", "cell_id"])
-    cols = {r.run_id: store.cells(history_path, r.run_id).set_index(["server_id", "cell_id"])
-            for r in runs.itertuples()}
-    t = Table(["Server config", "Cell", "This run", *(f"{rid} ({str(r.started_at)[:10]}, vLLM {r.vllm_version})"
-                                                        for rid, r in zip(runs["run_id"], runs.itertuples()))])
+    cols = {rid: g.set_index(["server_id", "cell_id"]) for rid, g in rows[rows["run_id"].isin(runs["run_id"])]
+            .groupby("run_id", sort=False)}
+    t = Table(["Server config", "Cell", "This run", *(f"{r.run_id} ({r.run_experiment}, {str(r.started_at)[:10]}, "
+                                                        f"vLLM {r.vllm_version})" for r in runs.itertuples())])
     points = []
     shown = lambda row: (fmt.num(row["total_tok_s"]) if row["status"] in rg.COMPARABLE_STATUSES  # noqa: E731
                          else fmt.status(row["status"]))
@@ -373,9 +418,11 @@ def earlier_runs_blocks(history_path: str | Path, experiment: str, results_dir: 
                 vals.append("—")
         t.add(key[0], key[1], shown(row), *vals)
     blocks_: list[Block] = [Heading(2, "This run's cells in earlier runs"),
-                            Para(f"Output tok/s of each cell in the latest {len(runs)} earlier stored runs of "
-                                 f"`{experiment}` (`speedmatrix history`; `speedmatrix regress RUN {this}` judges "
-                                 "a change with its statistics)."), t]
+                            Para(f"Output tok/s of each cell in the latest {len(runs)} earlier stored runs that "
+                                 "measured it with the same server config (flags, environment, models) on a "
+                                 f"machine of this run's kind, whatever their experiment or release: "
+                                 f"`speedmatrix history --trend {experiment} --same-config` selects the same; "
+                                 f"`speedmatrix regress RUN {this}` judges a change with its statistics."), t]
     if points:
         data = pd.DataFrame(points)
         chart = alt.Chart(data).mark_point(filled=True).encode(
