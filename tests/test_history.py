@@ -6,6 +6,7 @@ import io
 import json
 import shutil
 import sqlite3
+import xml.etree.ElementTree as ET
 
 import pandas as pd
 import pytest
@@ -162,7 +163,6 @@ def test_each_outcome_has_its_exit_status_words_json_and_junit(recorded, tmp_pat
     """A Client-bound cell in the new run is a measurement problem (5), not a lost cell; runs that share no cell
     are nothing comparable (4); a folder that is not a run is bad input (2); the headline names every outcome;
     --json and --junit say the same for machines."""
-    import xml.etree.ElementTree as ET
 
     from speedmatrix.history.gate import Outcome
     from speedmatrix.report import regression
@@ -297,6 +297,13 @@ def test_a_run_against_a_published_matrix(tmp_path, capsys):
     assert main(["reproduce", str(run), seed]) == 0
     assert main(["reproduce", str(run), seed, "--min-agreement", f"{share * 100 + 1:.3f}"]) == 1
     assert main(["reproduce", str(run), seed, "--min-agreement", f"{share * 100 - 1:.3f}"]) == 0
+    js, junit = tmp_path / "reproduce.json", tmp_path / "reproduce.xml"  # the same for machines
+    assert main(["reproduce", str(run), seed, "--min-agreement", f"{share * 100 + 1:.3f}", "--json", str(js),
+                 "--junit", str(junit)]) == 1
+    doc = json.loads(js.read_text())
+    assert doc["exit_status"] == 1 and doc["outcome"] == "slower" and len(doc["cells"]) == 48
+    suite = ET.parse(junit).getroot()
+    assert int(suite.get("tests")) == 48 and int(suite.get("failures")) == 48 - found["summary"]["agree"]
     other = REPO / "docs" / "results" / "h200-tiny-trained-spec"
     assert main(["reproduce", str(other), seed, "--server", "base"]) == 2  # h200-tiny-trained-spec: not named
     capacity = pd.read_parquet(other / "matrix.parquet").query("workload == 'capacity' and server_id == 'base'")
@@ -558,3 +565,19 @@ def test_tags_latest_and_removal_name_runs_for_a_script(recorded, tmp_path, caps
     assert main(["history", "--store", str(db), "--remove", "baseline"]) == 0
     assert list(store.runs(db)["run_id"]) == [first] and store.tag_names(db) == {}
     assert store.cells(db, second).empty and store.requests(db, second).empty
+
+
+def test_a_run_cut_short_stacks_its_requests_without_pandas_warnings():
+    """A cell whose requests all failed has every timing column missing: stacking it with the others keeps its rows
+    and takes no column's type from it, with no FutureWarning (a run cut short printed one per file)."""
+    import warnings
+
+    from speedmatrix.core import frames
+
+    good = pd.DataFrame({"server_id": ["a", "a"], "ttft_ms": [10.0, 12.0], "error": [None, None]})
+    failed = pd.DataFrame({"server_id": ["a"], "ttft_ms": [None], "error": ["ServerDisconnected"]}).astype(object)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = frames.stack([good, failed, good.iloc[:0]])
+    assert list(got.columns) == ["server_id", "ttft_ms", "error"] and len(got) == 3
+    assert got["ttft_ms"].dtype == float and got["error"].tolist()[2] == "ServerDisconnected"

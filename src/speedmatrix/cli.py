@@ -288,12 +288,17 @@ def cmd_reproduce(ns: argparse.Namespace) -> int:
     code, why = reproduce.outcome(found, None if ns.min_agreement is None else ns.min_agreement / 100,
                                   ns.tolerance / 100)
     page = markdown(regression.reproduction_blocks(found))
+    if ns.json:
+        _write_or_print(ns.json, json.dumps(reproduce.verdict_json(found, code, why), indent=1) + "\n")
+    if ns.junit:
+        _write_or_print(str(ns.junit), reproduce.verdict_junit(found, ns.tolerance / 100))
     if ns.out:
         ns.out.mkdir(parents=True, exist_ok=True)
         (ns.out / "reproduce.md").write_text(page)
         found["cells"].to_csv(ns.out / "reproduce-cells.csv", index=False)
         print(f"wrote {ns.out / 'reproduce.md'} and reproduce-cells.csv", file=sys.stderr)
-    print(page)
+    if ns.json != "-":
+        print(page)
     print(f"speedmatrix reproduce: {why} (exit {int(code)})", file=sys.stderr)
     return int(code)
 
@@ -690,6 +695,10 @@ def _add_history(sub) -> None:
                     "matrix's statuses (or of the named figures) agree (default: report only)")
     rp.add_argument("--tolerance", type=float, default=10.0, metavar="PCT",
                     help="a named figure's output tok/s agrees within this much of the published (default 10)")
+    rp.add_argument("--json", metavar="FILE", help="also write the reproduction as JSON (outcome, exit status, "
+                    "counts, every cell and named figure); '-' prints it instead of the markdown")
+    rp.add_argument("--junit", type=Path, metavar="FILE", help="also write it as JUnit XML (a test case per "
+                    "published cell and named figure: one that disagrees a failure, one the run lacks skipped)")
     rp.add_argument("--any-experiment", action="store_true",
                     help="compare a run of an experiment the published file does not name")
     rp.set_defaults(func=cmd_reproduce)

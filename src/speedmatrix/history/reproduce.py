@@ -12,6 +12,8 @@ with the published i-th, concurrency by value.
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ import yaml
 from .. import workloads
 from ..core.errors import ConfigError
 from ..core.status import Status
-from .gate import Outcome
+from .gate import MEANING, Outcome
 
 STATUSES = (Status.VALID, Status.LOOPED, Status.OVER_CAPACITY)
 
@@ -130,6 +132,56 @@ def outcome(found: dict[str, Any], min_agreement: float | None = None,
     if min_agreement is not None and any(n / of < min_agreement for _, n, of in shares if of):
         return Outcome.SLOWER, f"{said}, under the minimum agreement {min_agreement:.0%}"
     return Outcome.PASS, said
+
+
+def verdict_json(found: dict[str, Any], code: Outcome, why: str) -> dict[str, Any]:
+    """The reproduction for a machine: the outcome, its exit status and meaning, why, the summary's counts, and
+    the rows (each published decode cell beside the run's, each named figure beside the run's)."""
+    def records(frame: Any) -> list[dict[str, Any]]:
+        return json.loads(frame.to_json(orient="records")) if isinstance(frame, pd.DataFrame) and len(frame) else []
+
+    return {"outcome": code.name.lower(), "exit_status": int(code), "meaning": MEANING[code], "why": why,
+            "summary": found["summary"], "cells": records(found["cells"]), "named": records(found.get("named")),
+            "rows": records(found["rows"])}
+
+
+def verdict_junit(found: dict[str, Any], tolerance: float = 0.10) -> str:
+    """The reproduction as JUnit XML: a test case per published decode cell (its status as published, or a
+    failure) and per named figure (output tok/s within ``tolerance``, or a failure); one the run lacks is skipped."""
+    import xml.etree.ElementTree as ET
+
+    suite = ET.Element("testsuite", name=f"speedmatrix reproduce {found['summary']['published']}")
+    counts = {"tests": 0, "failures": 0, "skipped": 0}
+
+    def case(classname: str, name: str, failed: str | None, skipped: str | None = None) -> None:
+        c = ET.SubElement(suite, "testcase", classname=classname, name=name)
+        counts["tests"] += 1
+        if skipped:
+            counts["skipped"] += 1
+            ET.SubElement(c, "skipped", message=skipped)
+        elif failed:
+            counts["failures"] += 1
+            ET.SubElement(c, "failure", type="disagrees", message=failed)
+
+    cells = found["cells"]
+    for r in (cells.itertuples() if len(cells) else []):
+        name = f"ctx{r.context} c{int(r.concurrency)}"
+        if pd.isna(r.status_as_measured):
+            case("status", name, None, "the run has no such cell")
+        else:
+            case("status", name, None if r.agree else f"published {r.status_published}, run {r.status_run}")
+    named = found.get("named", pd.DataFrame())
+    for r in (named.itertuples() if len(named) else []):
+        name = f"{r.server_id} ctx{int(r.context)} c{int(r.concurrency)}"
+        ratio = getattr(r, "total_tok_s_ratio", None)
+        if ratio is None or pd.isna(ratio):
+            case("output tok/s", name, None, "the run has no figure for it")
+        else:
+            case("output tok/s", name, None if abs(ratio - 1) <= tolerance else
+                 f"run / published {ratio:.3f}, beyond {tolerance:.0%}")
+    for key, value in counts.items():
+        suite.set(key, str(value))
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
 
 def compare(matrix: pd.DataFrame, published: dict[str, Any], server_id: str | None = None,

@@ -30,7 +30,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..core import atomic, runfolder
+from ..core import atomic, frames, runfolder
 from ..core.errors import StoreError
 from ..core.runfolder import RunFolder
 from ..measure import records
@@ -235,7 +235,7 @@ def requests_of(run: str | Path) -> pd.DataFrame:
     if folder.requests.exists():
         return pd.read_parquet(folder.requests)
     tables = [pd.read_parquet(p) for p in folder.cell_request_files()]
-    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=REQUEST_COLUMNS)
+    return frames.stack(tables, None if tables else REQUEST_COLUMNS)
 
 
 @contextmanager

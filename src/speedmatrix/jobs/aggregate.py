@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from .. import workloads
-from ..core import atomic
+from ..core import atomic, frames
 from ..core.status import Status
 from ..judge import decide
 from ..measure import clientcheck, slo, stats, telemetry
@@ -239,7 +239,7 @@ def build(cells: Iterable[str | Path], loops: Iterable[str | Path], requests: It
     matrix["slo_met"] = pd.array(matrix["slo_met"].where(matrix["slo_met"].notna(), None), dtype="boolean")
     matrix = matrix.sort_values(["server_id", "workload", "context_tokens", "concurrency"], kind="stable")
     matrix.to_parquet(matrix_out, index=False)
-    reqs = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    reqs = frames.stack(tables)
     reqs.to_parquet(requests_out, index=False)
     if decisions_out is not None:
         pd.DataFrame(decided, columns=DECISION_COLUMNS).to_parquet(decisions_out, index=False)
