@@ -8,13 +8,16 @@
 # Settings (environment): EXPERIMENT; RESULTS (the results root, default results); BIN (where speedmatrix is,
 # default .venv/bin); RUN (the command that measures, default `make run EXPERIMENT=$EXPERIMENT`); TAG (the store's
 # tag for the baseline, default baseline-$EXPERIMENT); OUT (where the verdict's files go, default
-# $RESULTS/verdict-$EXPERIMENT); MIN_EFFECT (regress --min-effect, e.g. output_tok_s=5%,ttft=10%).
+# $RESULTS/verdict-$EXPERIMENT); MIN_RUNS (stored runs of the runtime, the baseline among them, before a figure's
+# change can fail the night, default 3: docs/nightly.md); MIN_EFFECT (regress --min-effect, e.g.
+# output_tok_s=5%,ttft=10%: a fixed threshold instead of the stored runs' spread).
 set -u
 EXPERIMENT=${EXPERIMENT:-tiny-cpu}
 RESULTS=${RESULTS:-results}
 BIN=${BIN:-.venv/bin}
 RUN=${RUN:-make run EXPERIMENT=$EXPERIMENT}
 TAG=${TAG:-baseline-$EXPERIMENT}
+MIN_RUNS=${MIN_RUNS:-3}
 OUT=${OUT:-$RESULTS/verdict-$EXPERIMENT}
 STORE=$RESULTS/history.sqlite
 SM="$BIN/speedmatrix"
@@ -30,7 +33,9 @@ if ! "$SM" history --id "$TAG" --store "$STORE" >/dev/null 2>&1; then
     echo "nightly: run $NEW is the first baseline (tag $TAG)"
     exit 0
 fi
-"$SM" regress "$TAG" "$NEW" --store "$STORE" ${MIN_EFFECT:+--min-effect "$MIN_EFFECT"} \
+# the night's level: a run of unchanged software fails on any figure at most 5 % of the time (--family-wise)
+"$SM" regress "$TAG" "$NEW" --store "$STORE" --family-wise --min-runs "$MIN_RUNS" \
+    ${MIN_EFFECT:+--min-effect "$MIN_EFFECT"} \
     --out "$OUT" --json "$OUT/verdict.json" --junit "$OUT/junit.xml"
 status=$?
 if [ "$status" -eq 0 ]; then

@@ -581,3 +581,30 @@ def test_a_run_cut_short_stacks_its_requests_without_pandas_warnings():
         got = frames.stack([good, failed, good.iloc[:0]])
     assert list(got.columns) == ["server_id", "ttft_ms", "error"] and len(got) == 3
     assert got["ttft_ms"].dtype == float and got["error"].tolist()[2] == "ServerDisconnected"
+
+
+def test_the_run_to_run_part_is_a_prediction_interval_and_can_be_family_wise(recorded):
+    """One more run differs from the stored runs' mean by chance within Student's t times sqrt(1 + 1/m) of their
+    spread (none known under two runs); --family-wise widens it to the level of the whole run (Bonferroni), so a
+    minimum effect is never smaller with it."""
+    assert regress.prediction_factor(1) == 0.0
+    assert regress.prediction_factor(2) == pytest.approx(12.706 * 1.5 ** 0.5, rel=1e-3)
+    assert regress.prediction_factor(6) == pytest.approx(2.571 * (7 / 6) ** 0.5, rel=1e-3)
+    assert regress.prediction_factor(6, 1 - 0.05 / 100) > 3 * regress.prediction_factor(6)
+    base, slow, other = recorded
+    _, bc, br = store.manifest(base)
+    _, sc, sr = store.manifest(slow)
+    _, oc, orq = store.manifest(other)
+    sib = ([(oc, orq), (sc, sr)], [(oc, orq)])
+    each = regress.regress(bc, br, bc, br, siblings=sib).set_index(["server_id", "cell_id", "figure"])
+    whole = regress.regress(bc, br, bc, br, siblings=sib, family_wise=True).set_index(
+        ["server_id", "cell_id", "figure"])
+    judged = each["min_effect"].notna()
+    assert (whole.loc[each.index[judged], "min_effect"] >= each.loc[judged, "min_effect"] - 1e-12).all()
+    assert (whole.loc[each.index[judged], "min_effect"] > each.loc[judged, "min_effect"]).any()
+    # before the store holds --min-runs runs of the base's side, a change is inconclusive, said why
+    early = regress.regress(bc, br, sc, sr, min_runs=3)
+    slowed = early[(early["server_id"] == SLOWED[0]) & (early["cell_id"] == SLOWED[1])
+                   & (early["figure"] == "request_tok_s")].iloc[0]
+    assert slowed["verdict"] == regress.INCONCLUSIVE and "--min-runs" in slowed["reason"]
+    assert regress.outcome(regress.regress(bc, br, sc, sr, siblings=([(oc, orq), (bc, br)], []), min_runs=3)) == 1

@@ -244,7 +244,8 @@ def cmd_regress(ns: argparse.Namespace) -> int:
     min_effect = regress.parse_min_effect(ns.min_effect)
     others = ([], []) if ns.alone else regression.siblings(ns.store, base, new)
     table = regress.regress(base_cells, base_reqs, new_cells, new_reqs, min_effect, ns.noise_multiple, others,
-                            new_incomplete=new.get("status") in store.INCOMPLETE_STATUSES)
+                            new_incomplete=new.get("status") in store.INCOMPLETE_STATUSES,
+                            family_wise=ns.family_wise, min_runs=ns.min_runs)
     change = regress.machine_change(base, new)
     if change and not ns.across_machines:
         table = regress.withhold(table, change)
@@ -671,6 +672,14 @@ def _add_history(sub) -> None:
     rg.add_argument("--alone", action="store_true",
                     help="judge from the two runs alone: no run-to-run noise from the store's other runs of each "
                     "side's runtime")
+    rg.add_argument("--family-wise", action="store_true",
+                    help="set the run-to-run part of each minimum effect so that a run of unchanged software fails "
+                    "the check on any of its figures at most 5 %% of the time (Bonferroni over every figure of every "
+                    "cell), not each figure 5 %% of the time: a nightly gate's level (docs/nightly.md)")
+    rg.add_argument("--min-runs", type=int, default=0, metavar="N",
+                    help="without --min-effect: no faster or slower verdict until the store holds N runs of the "
+                    "base's runtime on this kind of machine, the base among them (the run-to-run spread is unknown "
+                    "before; inconclusive instead); default 0")
     rg.add_argument("--across-machines", action="store_true",
                     help="judge runs on different kinds of machine (another GPU model, CPU model or core count); "
                     "without it their verdicts are withheld: not comparable, the change named")

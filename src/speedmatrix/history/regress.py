@@ -156,6 +156,10 @@ def streamed(cell: pd.Series) -> bool:
     return delivery is None or pd.isna(delivery) or delivery == "streamed"
 
 
+def _requests(n: int) -> str:
+    return f"{int(n)} request{'' if int(n) == 1 else 's'}"
+
+
 def _seed(*parts: str) -> int:
     return int(hashlib.sha256("/".join(parts).encode()).hexdigest()[:8], 16)
 
@@ -177,10 +181,12 @@ def _repeat_cv(fig: Figure, values: np.ndarray, strata: np.ndarray) -> float:
 
 def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, min_effect: float | None,
                  noise_multiple: float, siblings: tuple[list[pd.DataFrame], list[pd.DataFrame]] = ([], []),
-                 streamed: bool = True) -> dict[str, Any]:
+                 streamed: bool = True, level: float = 0.95, min_runs: int = 0) -> dict[str, Any]:
     """One figure of one cell: the change, its interval, the minimum effect used and the verdict. ``siblings``: the
     cell's requests in other runs of BASE's runtime and of NEW's (the run-to-run spread of each side);
-    ``streamed``: whether both runs' tokens came as made (latency figures are judged only then)."""
+    ``streamed``: whether both runs' tokens came as made (latency figures are judged only then); ``level``: the
+    run-to-run part's prediction level; ``min_runs``: without a user's minimum effect, no faster or slower verdict
+    until BASE's side has this many runs with the figure (BASE's own counted), the run-to-run spread unknown."""
     out: dict[str, Any] = {"figure": fig.name}
     if not fig.higher_is_better and not streamed:
         return {**out, "verdict": NOT_COMPARABLE,
@@ -199,9 +205,9 @@ def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, m
         dropped = fig.q is None and on.sum() < need <= ob.sum()
         tail = "" if fig.q is None else f" (its {fig.q:g}th percentile's 95 % interval)"
         return {**out, "verdict": NOT_COMPARABLE, "measurement": bool(dropped),
-                "reason": (f"the new run has {int(on.sum())} requests with this figure, the base {int(ob.sum())}: "
+                "reason": (f"the new run has {_requests(on.sum())} with this figure, the base {int(ob.sum())}: "
                            f"under the {need} a verdict needs" if dropped else
-                           f"{int(min(ob.sum(), on.sum()))} requests with this figure: a verdict needs {need}{tail}")}
+                           f"{_requests(min(ob.sum(), on.sum()))} with this figure: a verdict needs {need}{tail}")}
     vb, sb = vb[ob], base["repeat"].fillna(1).to_numpy()[ob]
     vn, sn = vn[on], new["repeat"].fillna(1).to_numpy()[on]
     point_b, point_n = float(fig.statistic(vb)), float(fig.statistic(vn))
@@ -214,15 +220,22 @@ def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, m
                   for b, p in ((boot_b, point_b), (boot_n, point_n))))
     # between runs: the spread of the figure over the other stored runs of each side's runtime, BASE's own run with
     # them; never NEW's own run, whose difference is what is judged (a night slower than the nights before it would
-    # otherwise widen its own noise and hide itself)
-    run_noise, runs_seen = 0.0, 0
+    # otherwise widen its own noise and hide itself). NEW is one more draw from that spread: the change it may show
+    # by chance is a prediction interval's (Student's t over the runs seen, times sqrt(1 + 1/m)), not twice the
+    # spread, which with two or three runs stored fired on one cell in three of a release against itself
+    # (bench/results/noise-store/)
+    run_noise, run_effect, runs_seen, base_runs = 0.0, 0.0, 0, 1
     for own, others in (([point_b], siblings[0]), ([], siblings[1])):
         points = own + [float(fig.statistic(v[np.isfinite(v)])) for v in (fig.values(o) for o in others)
                         if np.isfinite(v).sum() >= need]
         runs_seen += len(points) - len(own)
-        run_noise = max(run_noise, stats.interval(points)["cv"] or 0.0)
+        base_runs = len(points) if own else base_runs
+        cv = stats.interval(points)["cv"] or 0.0
+        run_noise = max(run_noise, cv)
+        run_effect = max(run_effect, prediction_factor(len(points), level) * cv)
+    threshold_noise = max(noise_multiple * noise, run_effect)
     noise = max(noise, run_noise)
-    threshold = min_effect if min_effect is not None else noise_multiple * noise
+    threshold = min_effect if min_effect is not None else threshold_noise
     better = change > 0 if fig.higher_is_better else change < 0
     if (low > 0 or high < 0) and abs(change) >= threshold:
         verdict, reason = (FASTER if better else SLOWER), ""
@@ -234,10 +247,29 @@ def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, m
     else:
         verdict = INCONCLUSIVE
         reason = f"a change smaller than the minimum effect ({threshold:.1%}): the cell's noise hides it"
+    if verdict in (FASTER, SLOWER) and min_effect is None and base_runs < min_runs:
+        verdict = INCONCLUSIVE
+        reason = (f"{verdict_word(better)} {abs(change):.1%}, but the store holds {base_runs} run(s) of the base's "
+                  f"runtime on this kind of machine with the figure, the base's among them: the run-to-run spread "
+                  f"needs {min_runs} (--min-runs)")
     return {**out, "base": point_b, "new": point_n, "change": change, "ci_low": low, "ci_high": high,
             "noise": noise, "run_noise": run_noise if runs_seen else None, "other_runs": runs_seen,
             "min_effect": threshold, "verdict": verdict, "reason": reason,
             "base_requests": int(ob.sum()), "new_requests": int(on.sum())}
+
+
+def verdict_word(better: bool) -> str:
+    return FASTER if better else SLOWER
+
+
+@functools.cache
+def prediction_factor(runs: int, level: float = 0.95) -> float:
+    """How many times the run-to-run spread (a CV over ``runs`` runs) one more run may differ from their mean by
+    chance at ``level``: Student's t with runs - 1 degrees of freedom times sqrt(1 + 1/runs); 0 under two runs (no
+    spread known)."""
+    if runs < 2:
+        return 0.0
+    return precision.t_quantile(1 - (1 - level) / 2, runs - 1) * (1 + 1 / runs) ** 0.5
 
 
 def differing(b: pd.Series, n: pd.Series) -> list[str]:
@@ -283,7 +315,8 @@ def not_judged(ident: dict[str, Any], b: pd.Series, n: pd.Series, why: str, pair
 
 def judge_cell(ident: dict[str, Any], b: pd.Series, n: pd.Series, rb: pd.DataFrame, rn: pd.DataFrame,
                min_effect: float | dict[str, float] | None, noise_multiple: float,
-               others: tuple[list[pd.DataFrame], list[pd.DataFrame]] = ([], [])) -> list[dict[str, Any]]:
+               others: tuple[list[pd.DataFrame], list[pd.DataFrame]] = ([], []),
+               level: float = 0.95, min_runs: int = 0) -> list[dict[str, Any]]:
     """Every figure of one pair of cells (their matrix rows ``b``, ``n`` and counted requests ``rb``, ``rn``), a row
     each: the one definition of each figure's change that regress, compare and the report's speed-ups share."""
     as_made = streamed(b) and streamed(n)
@@ -291,7 +324,8 @@ def judge_cell(ident: dict[str, Any], b: pd.Series, n: pd.Series, rb: pd.DataFra
     rows = []
     for fig in FIGURES:
         effect = min_effect.get(fig.name) if isinstance(min_effect, dict) else min_effect
-        rows.append({**ident, **judge_figure(fig, rb, rn, key, effect, noise_multiple, others, as_made)})
+        rows.append({**ident, **judge_figure(fig, rb, rn, key, effect, noise_multiple, others, as_made, level,
+                                             min_runs)})
     return rows
 
 
@@ -308,8 +342,11 @@ def ordered(rows: list[dict[str, Any]]) -> pd.DataFrame:
 def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.DataFrame, new_reqs: pd.DataFrame,
             min_effect: float | dict[str, float] | None = None, noise_multiple: float = 2.0,
             siblings: tuple[list[tuple[pd.DataFrame, pd.DataFrame]], list[tuple[pd.DataFrame, pd.DataFrame]]]
-            = ([], []), new_incomplete: bool = False) -> pd.DataFrame:
+            = ([], []), new_incomplete: bool = False, family_wise: bool = False, min_runs: int = 0) -> pd.DataFrame:
     """One row per cell and figure (cells on one side only: one row, not comparable), changed cells first.
+    ``family_wise``: the run-to-run part of each minimum effect at the level that keeps the whole run's chance of
+    a false alarm at 5 % (Bonferroni over every figure of every cell both runs measured), not each figure's;
+    ``min_runs``: no faster or slower verdict before the store holds that many runs of BASE's side (judge_figure).
     ``siblings``: other runs (cells, requests) of BASE's runtime and of NEW's, for each cell's run-to-run noise.
     ``lost`` marks a cell BASE measured that NEW did not: NEW failed it (or it looped, went over capacity), or,
     where NEW's run is incomplete (``new_incomplete``: jobs failed or did not run), NEW has no such cell."""
@@ -318,6 +355,11 @@ def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.Dat
     both = base_cells.merge(new_cells, on=on, how="outer", suffixes=("_b", "_n"), indicator=True)
     by_b = {k: g for k, g in base_reqs.groupby(on)}
     by_n = {k: g for k, g in new_reqs.groupby(on)}
+    level = 0.95
+    if family_wise:
+        judged = both[(both["_merge"] == "both") & both["status_b"].isin(COMPARABLE_STATUSES)
+                      & both["status_n"].isin(COMPARABLE_STATUSES)]
+        level = 1 - 0.05 / max(1, len(judged) * len(FIGURES))
     for _, r in both.iterrows():
         ident = {"server_id": r["server_id"], "cell_id": r["cell_id"],
                  "workload": r["workload_b"] if pd.notna(r.get("workload_b")) else r.get("workload_n")}
@@ -340,7 +382,7 @@ def regress(base_cells: pd.DataFrame, base_reqs: pd.DataFrame, new_cells: pd.Dat
         rb, rn = counted(by_b.get(key, base_reqs.iloc[:0])), counted(by_n.get(key, new_reqs.iloc[:0]))
         others = tuple([o for o in (_same_cell(sc, sr, b, key) for sc, sr in side) if o is not None]
                        for side in siblings)
-        rows += judge_cell(ident, b, n, rb, rn, min_effect, noise_multiple, others)
+        rows += judge_cell(ident, b, n, rb, rn, min_effect, noise_multiple, others, level, min_runs)
     return ordered(rows)
 
 

@@ -13,7 +13,6 @@ with the published i-th, concurrency by value.
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 from typing import Any
 

@@ -28,8 +28,14 @@ FIGURES = {f.name: f for f in regress.FIGURES}
 FIGURE_LABEL = {"served_tok_s": "tok/s", "tpot_ms": "TPOT"}
 WITHIN_NOISE = "within noise"
 # the regression verdict's reasons, as a matrix cell says them
-SHORT = {f"fewer than {regress.MIN_REQUESTS} requests with this figure": f"under {regress.MIN_REQUESTS} requests",
-         "tokens came in bursts: a request's token times are not the server's": "tokens came in bursts"}
+SHORT = {"tokens came in bursts: a request's token times are not the server's": "tokens came in bursts"}
+
+
+def short(reason: str) -> str:
+    """A regression verdict's reason as a matrix cell says it."""
+    if f"a verdict needs {regress.MIN_REQUESTS}" in reason or f"under the {regress.MIN_REQUESTS} a verdict" in reason:
+        return f"under {regress.MIN_REQUESTS} requests"
+    return SHORT.get(reason, reason)
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,7 @@ def _ratio_text(r: Any) -> str:
     if r.status_note:
         return r.status_note
     if fmt.missing(r.ratio):
-        return f"not comparable ({SHORT.get(r.reason, r.reason)})" if r.reason else "not comparable"
+        return f"not comparable ({short(r.reason)})" if r.reason else "not comparable"
     word = WITHIN_NOISE if r.verdict in regress.NO_VERDICT else r.verdict
     text = f"×{r.ratio:.2f} ({r.ci_low:.2f}–{r.ci_high:.2f}) {word}"
     # a side whose repeats disagree: the ratio pools their requests, the matrix shows their median
