@@ -55,10 +55,13 @@ def measure(runs: int, out: Path) -> None:
     (out / "runs.json").write_text(json.dumps({"experiment": EXPERIMENT, "runs": done}, indent=1) + "\n")
 
 
-def judge(store_path: Path, out: Path, subsets: int) -> dict:
+def judge(store_path: Path, out: Path, subsets: int, twice: bool = False) -> dict:
     sys.path.insert(0, str(REPO / "src"))
     from speedmatrix.history import regress as rg
     from speedmatrix.history import store
+
+    if twice:  # the rule before the prediction interval: twice the stored runs' spread, once two runs are known
+        rg.prediction_factor = lambda runs, level=0.95: 2.0 if runs >= 2 else 0.0
 
     found = store.runs(store_path, EXPERIMENT)
     found = found[found["status"] == "complete"]
@@ -108,7 +111,7 @@ def judge(store_path: Path, out: Path, subsets: int) -> dict:
               "request_tok_s_cv_range": [round(min(cvs), 4), round(max(cvs), 4)]}
     pairs = list(itertools.combinations(range(len(ids)), 2))
     per_k = []
-    for family_wise in (False, True):
+    for family_wise in (False,) if twice else (False, True):
         for k in range(0, len(ids) - 1):
             def tables(k=k, family_wise=family_wise):
                 for i, j in pairs:
@@ -120,15 +123,21 @@ def judge(store_path: Path, out: Path, subsets: int) -> dict:
             print(json.dumps(per_k[-1]), file=sys.stderr, flush=True)
     # a fixed minimum effect for every figure instead (--min-effect): what the gate fires on at each
     fixed = []
-    for pct in MIN_EFFECTS:
+    for pct in () if twice else MIN_EFFECTS:
         fixed.append({"min_effect_pct": pct, **tally(rg.regress(*data[ids[i]], *data[ids[j]], min_effect=pct / 100)
                                                       for i, j in pairs)})
         print(json.dumps(fixed[-1]), file=sys.stderr, flush=True)
     doc = {"experiment": EXPERIMENT, "runs": ids, "method": "speedmatrix.history.regress.regress, noise multiple 2, "
            "each pair (older as base) with k other runs as both sides' siblings", "subsets_per_pair": subsets,
-           "run_to_run": spread, "per_k": per_k, "fixed_min_effect": fixed}
+           "rule": "twice the stored runs' spread" if twice else "a prediction interval (regress.prediction_factor)",
+           "run_to_run": spread, "per_k": per_k, "fixed_min_effect": fixed,
+           # how many times the run-to-run spread one more run may differ by chance, with m runs known: at each
+           # figure's level (95 %) and at a whole run's over 300 figures (--family-wise, about a default run's)
+           "prediction_factors": [{"runs": m, "each_figure": round(rg.prediction_factor(m), 2),
+                                   "family_wise_300": round(rg.prediction_factor(m, 1 - 0.05 / 300), 2)}
+                                  for m in (2, 3, 4, 5, 6, 10, 20, 30)]}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "noise-store.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / ("twice-the-spread.json" if twice else "noise-store.json")).write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 
 
@@ -139,14 +148,17 @@ def main() -> int:
     ap.add_argument("--store", type=Path, default=ROOT / "history.sqlite")
     ap.add_argument("--subsets", type=int, default=3)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "noise-store")
+    ap.add_argument("--twice-the-spread", action="store_true", help="judge: by the rule before the prediction "
+                    "interval (twice the stored runs' spread), into twice-the-spread.json")
     ns = ap.parse_args()
     if ns.step == "measure":
         measure(ns.runs, ns.out)
     else:
-        judge(ns.store, ns.out, ns.subsets)
+        judge(ns.store, ns.out, ns.subsets, ns.twice_the_spread)
     ns.out.mkdir(parents=True, exist_ok=True)
     with (ns.out / "command.txt").open("a") as f:
-        f.write(f".venv/bin/python bench/noise_store.py {ns.step} --runs {ns.runs} --subsets {ns.subsets}  # on "
+        f.write(f".venv/bin/python bench/noise_store.py {ns.step} --runs {ns.runs} --subsets {ns.subsets}"
+                f"{' --twice-the-spread' * ns.twice_the_spread}  # on "
                 f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.platform()}\n")
     return 0
 

@@ -133,10 +133,12 @@ def blocks(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any], level
                      *([f"Where: {where}"] if (where := rg.hosts(base, new)) else [])]),
             Para("Each figure from the cell's requests (counted in its window, no error, no warm-up); the change's "
                  "95 % interval from a bootstrap over requests within each repeat; a verdict needs the interval to "
-                 "exclude no change and the change to reach the minimum effect (the user's, or twice the cell's own "
-                 "noise: its repeats' spread, each run's interval, and its spread across the store's other runs of "
-                 "the same runtime on a machine of the same kind, GPU, CPU model and core count, where there are "
-                 "some). No change only where the interval holds none and stays within the minimum effect; a "
+                 "exclude no change and the change to reach the minimum effect (the user's, else the larger of twice "
+                 "the cell's own noise, its repeats' spread and each run's interval, and the change one more run may "
+                 "show by chance given the store's other runs of the same runtime on a machine of the same kind, "
+                 "GPU, CPU model and core count, where there are some: Student's t over them times the square root "
+                 "of 1 + 1/m, times their spread). No change only where the interval holds none and stays within "
+                 "the minimum effect; a "
                  "change under it, or an interval reaching beyond it, is inconclusive. Latency figures only where "
                  "both runs' tokens streamed as made. Cells measured "
                  "differently, searches, and cells without a figure in either run are not compared."),
