@@ -560,6 +560,8 @@ def test_tags_latest_and_removal_name_runs_for_a_script(recorded, tmp_path, caps
     assert json.loads(capsys.readouterr().out)["found"]["slower"] == ["/".join(SLOWED)]
     store.tag(db, "baseline", second)  # the baseline moves forward
     assert store.runs(db).set_index("run_id").loc[second, "tags"] == "baseline"
+    capsys.readouterr()
+    assert main(["history", "--store", str(db)]) == 0 and f"| {second} | baseline |" in capsys.readouterr().out
     with pytest.raises(StoreError, match="a tag is a letter"):
         store.tag(db, "latest", first)
     assert main(["history", "--store", str(db), "--remove", "baseline"]) == 0

@@ -1,6 +1,6 @@
 """The results store: every run, one SQLite file under the results root (``<results>/history.sqlite``).
 
-Three tables. ``runs``: one row a run, keyed by ``run_id`` (a hash of the experiment and of every cell's
+Four tables. ``runs``: one row a run, keyed by ``run_id`` (a hash of the experiment and of every cell's
 measurement key and start time, so that the same run added twice adds nothing and a run resumed later, with more
 cells, is a second run), with its manifest: experiment, status (complete / partial / failed, from the run
 summary), start, the vLLM version and runtime pin (image digest or environment lock hash), model hashes, host (its
@@ -9,7 +9,8 @@ model, driver, speedmatrix commit, and where it was read from. ``cells``: one ro
 column of the matrix (lists and mappings as JSON text) plus ``config_sha256`` (the server config: its flags,
 environment and models, not where or with what it ran) and ``basis_sha256`` (that and the cell and its client
 settings: two cells with the same basis measured the same thing, so their figures can be compared). ``requests``:
-each request's timing, for the regression verdict. Any SQLite client opens it (``sqlite3``, DuckDB, pandas).
+each request's timing, for the regression verdict. ``tags``: a name for a run (``baseline``), moved by tagging
+another run with it. Any SQLite client opens it (``sqlite3``, DuckDB, pandas).
 """
 
 from __future__ import annotations
@@ -338,8 +339,8 @@ def resolve(store: str | Path, ref: str) -> str:
     found = runs(store)
     if Path(ref).is_dir():
         hit = found[found["source"] == str(Path(ref).resolve())]
-    elif ref in tag_names(store):
-        return tag_names(store)[ref]
+    elif ref in (tags := tag_names(store)):
+        return tags[ref]
     elif ref == LATEST:
         hit = found.tail(1)
     else:

@@ -199,11 +199,11 @@ def verdict_junit(table: pd.DataFrame, base: dict[str, Any], new: dict[str, Any]
 
 
 def runs_table(runs: pd.DataFrame) -> Table:
-    t = Table(["Run", "Experiment", "Started", "Status", "Cells", "vLLM", "Runtime", "Host", "Host probe",
+    t = Table(["Run", "Tags", "Experiment", "Started", "Status", "Cells", "vLLM", "Runtime", "Host", "Host probe",
                "Commit"])
     for _, r in runs.iterrows():
-        t.add(r["run_id"], r["experiment"], r["started_at"] or "—", r["status"], r["cells"], r["vllm_version"] or "—",
-              r["runtime_ref"] or "—", r["hostname"] or "—", fmt.ms(r.get("host_probe_ms")),
+        t.add(r["run_id"], r.get("tags") or "—", r["experiment"], r["started_at"] or "—", r["status"], r["cells"],
+              r["vllm_version"] or "—", r["runtime_ref"] or "—", r["hostname"] or "—", fmt.ms(r.get("host_probe_ms")),
               (r["speedmatrix_commit"] or "—")[:12])
     return t
 
