@@ -288,7 +288,8 @@ def trend_chart(history: pd.DataFrame, cell: str) -> alt.Chart:
         title, axis = f"{cell}: output tok/s across runs", "output tok/s"
     v = per_run["value"]
     mid, sd = float(v.median()) if len(v) else 0.0, float(v.std(ddof=1)) if len(v) > 1 else 0.0
-    x = alt.X("started:T", title="run started")
+    x = alt.X("utcyearmonthdatehoursminutes(started):T", title="run started (UTC)",
+              axis=alt.Axis(format="%Y-%m-%d %H:%M", labelAngle=-30))
     band = alt.Chart(pd.DataFrame({"low": [mid - 2 * sd], "high": [mid + 2 * sd]})).mark_rect(
         opacity=0.15, color="gray").encode(y="low:Q", y2="high:Q")
     line = alt.Chart(per_run).mark_line(color="#888").encode(x=x, y=alt.Y("value:Q", title=axis,
