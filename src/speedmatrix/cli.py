@@ -604,12 +604,12 @@ def _add_comparisons(sub) -> None:
     it.set_defaults(func=cmd_interference)
 
 
-def _verdict_options(p: argparse.ArgumentParser, store: bool = True) -> None:
-    """The options regress and compare share: the minimum effect, the machine-readable verdict, the store."""
-    if store:
-        default_store = runfolder.history("results")
-        p.add_argument("--store", type=Path, default=default_store, help=f"where run ids are looked up (default: "
-                       f"{default_store}; a .sqlite.gz is read as it is)")
+def _verdict_options(p: argparse.ArgumentParser) -> None:
+    """The options regress and compare share: the store run ids are looked up in, the minimum effect, the
+    machine-readable verdict."""
+    default_store = runfolder.history("results")
+    p.add_argument("--store", type=Path, default=default_store, help=f"where run ids are looked up (default: "
+                   f"{default_store}; a .sqlite.gz is read as it is)")
     p.add_argument("--min-effect", metavar="PCT", help="the smallest change that counts, in percent: one for every "
                    "figure (10 or 10%%) or one per figure (output_tok_s=5%%,ttft=10%%,p99_ttft=20%%; a figure not "
                    "named keeps the default); default: from each cell's own noise")
@@ -659,6 +659,8 @@ def _add_history(sub) -> None:
                     help="the runs or the trend's rows as a markdown table (default), JSON records or CSV")
     hi.set_defaults(func=cmd_history)
 
+
+def _add_regress(sub) -> None:
     rg = sub.add_parser(
         "regress", help="per cell and figure: faster, slower, no change, inconclusive or not comparable, with "
         "statistics",
@@ -667,8 +669,6 @@ def _add_history(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     rg.add_argument("base", metavar="BASE", help="a results folder (results/<experiment>) or a stored run's id")
     rg.add_argument("new", metavar="NEW", help="the same, for the run judged against BASE")
-    rg.add_argument("--store", type=Path, default=default_store, help=f"where run ids are looked up (default: "
-                    f"{default_store}; a .sqlite.gz is read as it is)")
     rg.add_argument("--alone", action="store_true",
                     help="judge from the two runs alone: no run-to-run noise from the store's other runs of each "
                     "side's runtime")
@@ -684,9 +684,11 @@ def _add_history(sub) -> None:
                     help="judge runs on different kinds of machine (another GPU model, CPU model or core count); "
                     "without it their verdicts are withheld: not comparable, the change named")
     rg.add_argument("--out", type=Path, help="also write regress.md, regress.html and regress.csv here")
-    _verdict_options(rg, store=False)
+    _verdict_options(rg)
     rg.set_defaults(func=cmd_regress)
 
+
+def _add_reproduce(sub) -> None:
     rp = sub.add_parser(
         "reproduce", help="a run against a published matrix: status agreement, figures as ratios, the boundary",
         description=_doc("history.reproduce") + " Exit status (speedmatrix.history.gate): 0 reproduced (or no "
@@ -796,6 +798,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_experiment_commands(sub)
     _add_comparisons(sub)
     _add_history(sub)
+    _add_regress(sub)
+    _add_reproduce(sub)
     _add_run_commands(sub)
     _add_train_pair(sub)
     return p

@@ -125,6 +125,7 @@ def parse_min_effect(text: str | None) -> float | dict[str, float] | None:
 
 
 MIN_REQUESTS = 5  # fewer samples on a side than this: no verdict on the figure
+RESAMPLES = 2000
 NO_SUCH_FIGURE = "no request of either run has this figure"
 NO_REQUESTS = "neither run kept the cell's requests (a run kept with its matrix only): nothing to judge"
 
@@ -137,7 +138,6 @@ def unshown(table: pd.DataFrame) -> pd.Series:
     tail = table["figure"].isin([f.name for f in FIGURES if f.q is not None])
     return (table["verdict"] == NOT_COMPARABLE) & ~table["measurement"].astype(bool) & table["figure"].notna() & (
         tail | (table["reason"] == NO_SUCH_FIGURE))
-RESAMPLES = 2000
 
 
 def counted(reqs: pd.DataFrame) -> pd.DataFrame:
@@ -224,15 +224,11 @@ def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, m
     # by chance is a prediction interval's (Student's t over the runs seen, times sqrt(1 + 1/m)), not twice the
     # spread, which with two or three runs stored fired on one cell in three of a release against itself
     # (bench/results/noise-store/)
-    run_noise, run_effect, runs_seen, base_runs = 0.0, 0.0, 0, 1
-    for own, others in (([point_b], siblings[0]), ([], siblings[1])):
-        points = own + [float(fig.statistic(v[np.isfinite(v)])) for v in (fig.values(o) for o in others)
-                        if np.isfinite(v).sum() >= need]
-        runs_seen += len(points) - len(own)
-        base_runs = len(points) if own else base_runs
-        cv = stats.interval(points)["cv"] or 0.0
-        run_noise = max(run_noise, cv)
-        run_effect = max(run_effect, prediction_factor(len(points), level) * cv)
+    sides = [[point_b] + _run_points(fig, siblings[0], need), _run_points(fig, siblings[1], need)]
+    spreads = [stats.interval(points)["cv"] or 0.0 for points in sides]
+    run_noise = max(spreads)
+    run_effect = max(prediction_factor(len(points), level) * cv for points, cv in zip(sides, spreads))
+    runs_seen = len(sides[0]) - 1 + len(sides[1])
     threshold_noise = max(noise_multiple * noise, run_effect)
     noise = max(noise, run_noise)
     threshold = min_effect if min_effect is not None else threshold_noise
@@ -247,9 +243,9 @@ def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, m
     else:
         verdict = INCONCLUSIVE
         reason = f"a change smaller than the minimum effect ({threshold:.1%}): the cell's noise hides it"
-    if verdict in (FASTER, SLOWER) and min_effect is None and base_runs < min_runs:
-        verdict = INCONCLUSIVE
-        reason = (f"{verdict_word(better)} {abs(change):.1%}, but the store holds {base_runs} run(s) of the base's "
+    if verdict in (FASTER, SLOWER) and min_effect is None and len(sides[0]) < min_runs:
+        verdict, said = INCONCLUSIVE, verdict
+        reason = (f"{said} {abs(change):.1%}, but the store holds {len(sides[0])} run(s) of the base's "
                   f"runtime on this kind of machine with the figure, the base's among them: the run-to-run spread "
                   f"needs {min_runs} (--min-runs)")
     return {**out, "base": point_b, "new": point_n, "change": change, "ci_low": low, "ci_high": high,
@@ -258,8 +254,10 @@ def judge_figure(fig: Figure, base: pd.DataFrame, new: pd.DataFrame, key: str, m
             "base_requests": int(ob.sum()), "new_requests": int(on.sum())}
 
 
-def verdict_word(better: bool) -> str:
-    return FASTER if better else SLOWER
+def _run_points(fig: Figure, runs: list[pd.DataFrame], need: int) -> list[float]:
+    """The figure in each of ``runs`` (a cell's requests in other stored runs) that has the requests it needs."""
+    return [float(fig.statistic(v[np.isfinite(v)])) for v in (fig.values(o) for o in runs)
+            if np.isfinite(v).sum() >= need]
 
 
 @functools.cache
@@ -318,7 +316,8 @@ def judge_cell(ident: dict[str, Any], b: pd.Series, n: pd.Series, rb: pd.DataFra
                others: tuple[list[pd.DataFrame], list[pd.DataFrame]] = ([], []),
                level: float = 0.95, min_runs: int = 0) -> list[dict[str, Any]]:
     """Every figure of one pair of cells (their matrix rows ``b``, ``n`` and counted requests ``rb``, ``rn``), a row
-    each: the one definition of each figure's change that regress, compare and the report's speed-ups share."""
+    each, by judge_figure: the one definition of each figure's change, shared by regress and compare (the report's
+    speed-ups call judge_figure for the figures they show)."""
     as_made = streamed(b) and streamed(n)
     key = f"{ident['server_id']}/{ident['cell_id']}"
     rows = []
@@ -477,6 +476,13 @@ def machine_kind(row: dict[str, Any] | pd.Series) -> tuple:
             return None
         return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)  # a core count read as 4.0
     return tuple(one(row.get(k)) for k in MACHINE_KIND)
+
+
+def of_kind(runs: pd.DataFrame, kind: tuple, prefix: str = "") -> pd.Series:
+    """Which of ``runs`` (rows with MACHINE_KIND's columns, each named with ``prefix``) ran on a machine of
+    ``kind``."""
+    return pd.Series([machine_kind({k: r.get(prefix + k) for k in MACHINE_KIND}) == kind
+                      for r in runs.to_dict("records")], index=runs.index, dtype=bool)
 
 
 def machine_change(base: dict[str, Any], new: dict[str, Any]) -> str | None:

@@ -433,23 +433,22 @@ def cell_history(store: str | Path, server_id: str | None = None, cell_id: str |
         return pd.read_sql_query(query + " ORDER BY r.started_at, r.added_at", con, params=args)
 
 
-def cell_keys(run: str | Path) -> pd.DataFrame:
-    """A results folder's cells as a family's keys: server, cell and server config hash (from its cell files)."""
-    return pd.DataFrame([{"server_id": sid, "cell_id": cid, "config_sha256": cell_identity(doc)["config_sha256"]}
-                         for (sid, cid), doc in _cell_docs(Path(run)).items()],
-                        columns=["server_id", "cell_id", "config_sha256"])
-
-
-def machine(run: str | Path) -> dict[str, Any]:
-    """A results folder's kind of machine as the store records it: GPU name, CPU model and core count (its cells'
-    provenance)."""
-    provs = [doc.get("provenance") or {} for doc in _cell_docs(Path(run)).values()]
+def folder_keys(run: str | Path) -> tuple[str, pd.DataFrame, dict[str, Any]]:
+    """A results folder as a family's keys, from one read of its cell files: its run id, its cells (server, cell,
+    server config hash) and its kind of machine as the store records it (GPU name, CPU model, core count)."""
+    run = Path(run)
+    docs = _cell_docs(run)
+    keys = pd.DataFrame([{"server_id": sid, "cell_id": cid, "config_sha256": cell_identity(doc)["config_sha256"]}
+                         for (sid, cid), doc in docs.items()], columns=["server_id", "cell_id", "config_sha256"])
+    provs = [doc.get("provenance") or {} for doc in docs.values()]
     matrix = RunFolder(run).matrix
     gpu = (pd.read_parquet(matrix, columns=["gpu_name"])["gpu_name"].dropna() if matrix.exists()
            else pd.Series(dtype=object))
     first = lambda key: next((p.get(key) for p in provs if p.get(key) is not None), None)  # noqa: E731
-    return {"gpu_name": str(gpu.iloc[0]) if len(gpu) else None, "cpu_model": first("cpu_model"),
-            "cpu_count": first("cpu_count")}
+    machine = {"gpu_name": str(gpu.iloc[0]) if len(gpu) else None, "cpu_model": first("cpu_model"),
+               "cpu_count": first("cpu_count")}
+    run_id = _run_id(run, docs, atomic.read_json_if_there(RunFolder(run).summary) or {})[1]
+    return run_id, keys, machine
 
 
 def family(store: str | Path, experiment: str | None = None, keys: pd.DataFrame | None = None) -> pd.DataFrame:

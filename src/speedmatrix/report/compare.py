@@ -52,10 +52,8 @@ def load_side(ref: str | Path, history: str | Path | None = None) -> tuple[pd.Da
     of one, a tag, or ``latest``) in the store ``history``."""
     path = Path(ref)
     if path.exists() or not history or not Path(history).exists():
-        matrix = load_matrix(path)
-        return matrix, store.requests_of(path.parent if path.suffix == ".parquet" else path)
-    run_id = store.resolve(history, str(ref))
-    return store.cells(history, run_id), store.requests(history, run_id)
+        return load_matrix(path), store.requests_of(_run_dir(path))
+    return regression.side(ref, history)[1:]  # a stored run, as regress reads it
 
 
 def matched(a: pd.DataFrame, b: pd.DataFrame, match: str = "server", server_a: str | None = None,

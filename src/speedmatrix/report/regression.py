@@ -375,26 +375,24 @@ def reproduction_blocks(found: dict[str, Any], level: int = 1) -> list[Block]:
     return out
 
 
-EARLIER = 4  # earlier runs a report shows beside its own
-
-
-def earlier_rows(history_path: str | Path, results_dir: Path, this: str) -> pd.DataFrame:
-    """The earlier stored rows of this run's cells: its family (``store.family``: the same server, cell and server
-    config in any run) on a machine of this run's kind, this run left out, oldest first."""
-    rows = store.family(history_path, keys=store.cell_keys(results_dir))
+def earlier_rows(history_path: str | Path, results_dir: Path) -> tuple[str, pd.DataFrame]:
+    """This run's id and the earlier stored rows of its cells: its family (``store.family``: the same server, cell
+    and server config in any run) on a machine of this run's kind, this run left out, oldest first."""
+    this, keys, machine = store.folder_keys(results_dir)
+    rows = store.family(history_path, keys=keys)
     if rows.empty:
-        return rows
-    kind = rg.machine_kind(store.machine(results_dir))
-    same = [rg.machine_kind({k: r.get(f"run_{k}") for k in rg.MACHINE_KIND}) == kind for _, r in rows.iterrows()]
-    return rows[pd.Series(same, index=rows.index, dtype=bool) & (rows["run_id"] != this)]
+        return this, rows
+    return this, rows[rg.of_kind(rows, rg.machine_kind(machine), "run_") & (rows["run_id"] != this)]
+
+
+EARLIER = 4  # earlier runs a report shows beside its own
 
 
 def earlier_runs_blocks(history_path: str | Path, experiment: str, results_dir: Path, matrix: pd.DataFrame,
                         out: dict[str, str]) -> list[Block]:
-    """This run's cells in the stored runs of its experiment before it (the latest EARLIER): output tok/s of each
-    cell in each, a table and a chart of each as a ratio to this run."""
-    this = store.run_id(results_dir)
-    rows = earlier_rows(history_path, results_dir, this)
+    """This run's cells in the stored runs of its family before it (the latest EARLIER): output tok/s of each cell
+    in each, a table and a chart of each as a ratio to this run."""
+    this, rows = earlier_rows(history_path, results_dir)
     if rows.empty:
         return []
     runs = (rows.drop_duplicates("run_id")[["run_id", "run_started_at", "run_vllm_version", "run_experiment"]]
@@ -462,11 +460,9 @@ def siblings(history_path: str | Path | None, base: dict[str, Any], new: dict[st
         return out
     stored = store.runs(history_path)
     for found, row in zip(out, (base, new)):
-        kind = rg.machine_kind(row)
         same = stored[(stored["runtime_ref"] == row.get("runtime_ref"))
                       & ~stored["run_id"].isin([base["run_id"], new["run_id"]])
-                      & pd.Series([rg.machine_kind(r) == kind for r in stored.to_dict("records")],
-                                  index=stored.index, dtype=bool)]
+                      & rg.of_kind(stored, rg.machine_kind(row))]
         found += [(store.cells(history_path, rid), store.requests(history_path, rid)) for rid in same["run_id"]]
     return out
 
